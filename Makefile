@@ -1,0 +1,40 @@
+# scalebench: `make demo` and `make test` each set themselves up on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_DB ?= scalebench_test
+export TEST_DATABASE_URL ?= postgresql+psycopg://root@127.0.0.1:5432/$(TEST_DB)
+export TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: demo test test-fast venv services testdb lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU build of torch lies on disk; installing it first keeps pip from pulling a CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[runner,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+services:
+	bash scripts/ensure-services.sh
+
+testdb: venv services
+	bash scripts/fresh-test-db.sh "$(TEST_DB)"
+
+test: venv services testdb
+	bash scripts/test-deps.sh
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/python -m api.demo
+
+clean:
+	rm -rf .scalebench demo-out artifacts

@@ -1,0 +1,1 @@
+"""scalebench api package (see DESIGN.md for its import rules)."""

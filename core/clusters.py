@@ -1,0 +1,89 @@
+"""Clusters: where runs execute. Loaded from a TOML file (path from settings); `local-cpu` always exists."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# sbatch options a cluster config may add; anything else is refused (values are passed as arguments).
+SBATCH_ALLOWED_OPTIONS = ("--constraint", "--exclusive", "--reservation", "--mem", "--cpus-per-task",
+                          "--gres", "--nodelist", "--exclude", "--overcommit", "--comment")
+
+
+class SlurmOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = Field(None, description="sbatch --time, e.g. 02:00:00")
+    shared_dir: str | None = Field(None, description="Run directories on a path every node sees.")
+    extra_args: list[str] = []
+
+    @field_validator("extra_args")
+    @classmethod
+    def _allowed(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            opt = arg.split("=", 1)[0]
+            if opt not in SBATCH_ALLOWED_OPTIONS:
+                raise ValueError(f"slurm extra_args: {opt!r} is not allowed; allowed: {', '.join(SBATCH_ALLOWED_OPTIONS)}")
+        return v
+
+
+class Cluster(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    vendor: Literal["nvidia", "amd", "cpu"]
+    device_name: str
+    gpus_per_node: int = Field(ge=1, le=64)
+    max_nodes: int = Field(1, ge=1, le=100000)
+    launcher: Literal["local", "slurm"] = "local"
+    queue: str = Field("", description="Celery queue of this cluster's workers (default: the cluster name).")
+    slurm: SlurmOptions | None = None
+
+    @property
+    def max_devices(self) -> int:
+        return self.gpus_per_node * self.max_nodes
+
+    @property
+    def device_type(self) -> Literal["cpu", "cuda"]:
+        # ROCm builds of torch expose AMD GPUs as "cuda" devices.
+        return "cpu" if self.vendor == "cpu" else "cuda"
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue or self.name
+
+
+LOCAL_CPU = Cluster(name="local-cpu", vendor="cpu", device_name="cpu (gloo ranks)", gpus_per_node=4,
+                    max_nodes=1, launcher="local", queue="local-cpu")
+
+
+def load_clusters(path: str | Path | None) -> dict[str, Cluster]:
+    """Clusters from a TOML file of [[cluster]] tables, plus the built-in local-cpu (unless redefined)."""
+    clusters = {LOCAL_CPU.name: LOCAL_CPU}
+    if not path:
+        return clusters
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"clusters file {str(p)!r} does not exist")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"clusters file {str(p)!r}: {exc}") from exc
+    for i, entry in enumerate(data.get("cluster", [])):
+        try:
+            cluster = Cluster.model_validate(entry)
+        except ValidationError as exc:
+            raise ValueError(f"clusters file {str(p)!r}, cluster[{i}]: {exc}") from exc
+        clusters[cluster.name] = cluster
+    return clusters
+
+
+def is_valid_name(name: str) -> bool:
+    return re.match(r"^[a-z0-9][a-z0-9._-]{0,62}$", name) is not None

@@ -1,0 +1,49 @@
+"""Settings from the environment (stdlib only). Defaults are the embedded stack: SQLite + filesystem broker."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _bool(value: str | None, default: bool = False) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path(".scalebench")
+    database_url: str = ""
+    broker_url: str = ""
+    clusters_file: str | None = None
+    require_read_token: bool = False
+    runs_dir: Path = field(default=Path(".scalebench/runs"))
+    heartbeat_s: float = 5.0
+    lease_s: float = 30.0  # a running run whose heartbeat is older than this is reaped
+    max_infra_retries: int = 2
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = os.environ if env is None else env
+        data_dir = Path(e.get("SCALEBENCH_DATA_DIR", ".scalebench")).resolve()
+        database_url = e.get("SCALEBENCH_DATABASE_URL") or e.get("DATABASE_URL") or f"sqlite:///{data_dir / 'scalebench.db'}"
+        broker_url = (e.get("SCALEBENCH_BROKER_URL") or e.get("REDIS_URL")
+                      or f"filesystem://{data_dir / 'broker'}")
+        return cls(
+            data_dir=data_dir,
+            database_url=database_url,
+            broker_url=broker_url,
+            clusters_file=e.get("SCALEBENCH_CLUSTERS_FILE") or None,
+            require_read_token=_bool(e.get("SCALEBENCH_REQUIRE_READ_TOKEN")),
+            runs_dir=Path(e.get("SCALEBENCH_RUNS_DIR", str(data_dir / "runs"))).resolve(),
+            heartbeat_s=float(e.get("SCALEBENCH_HEARTBEAT_S", "5")),
+            lease_s=float(e.get("SCALEBENCH_LEASE_S", "30")),
+            max_infra_retries=int(e.get("SCALEBENCH_MAX_INFRA_RETRIES", "2")),
+        )
+
+    @property
+    def broker_is_filesystem(self) -> bool:
+        return self.broker_url.startswith("filesystem://")

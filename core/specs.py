@@ -1,0 +1,335 @@
+"""The contracts that travel unchanged: request -> DB (JSON) -> spec.json -> runner -> result.json -> DB.
+
+ExperimentSpec: what a user asks for (a matrix). RunSpec: one resolved point of it. RunResult: what the
+runner writes. One home for each; every other package imports them from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from core.models import MODEL_NAMES
+
+SCHEMA_VERSION = 1
+
+Precision = Literal["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp32"]
+PRECISIONS: tuple[str, ...] = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp32")
+FP8_PRECISIONS: tuple[str, ...] = ("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")
+ModelName = Literal["debug", "1b", "8b", "70b", "405b"]
+ScalingMode = Literal["weak", "strong"]
+DpMode = Literal["none", "fsdp", "hsdp", "ddp"]
+
+# Run failure kinds. The runner writes the first four; workers and launchers add the rest.
+ERROR_KINDS: tuple[str, ...] = (
+    "invalid_config", "oom", "comm_timeout", "error",  # runner
+    "timeout", "worker_lost", "cancelled", "launch_error", "infrastructure", "result_missing",  # service
+)
+ErrorKind = Literal[
+    "invalid_config", "oom", "comm_timeout", "error",
+    "timeout", "worker_lost", "cancelled", "launch_error", "infrastructure", "result_missing",
+]
+
+LAYOUT_FORMS = "fsdp, ddp, hsdp:shard=S, tp=T, tp=T+fsdp (S, T positive integers)"
+_LAYOUT_RE = re.compile(r"^(?:(fsdp)|(ddp)|hsdp:shard=([1-9]\d*)|tp=([1-9]\d*)(\+fsdp)?)$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------------------------- layouts
+
+
+class ParallelDegrees(_Strict):
+    """Parallel degrees of one run; they multiply to the world size (the one validated home)."""
+
+    dp_mode: DpMode
+    dp_replicate: int = Field(ge=1)
+    dp_shard: int = Field(ge=1)
+    tp: int = Field(ge=1)
+    world_size: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _product_is_world_size(self) -> ParallelDegrees:
+        if self.dp_replicate * self.dp_shard * self.tp != self.world_size:
+            raise ValueError(
+                f"dp_replicate({self.dp_replicate}) * dp_shard({self.dp_shard}) * tp({self.tp}) "
+                f"!= world size({self.world_size})"
+            )
+        if self.dp_mode == "ddp" and self.dp_shard != 1:
+            raise ValueError(f"dp_mode ddp needs dp_shard(1), got dp_shard({self.dp_shard})")
+        return self
+
+    @property
+    def dp_degree(self) -> int:
+        """Number of data-parallel ranks (each sees its own batch)."""
+        return self.dp_replicate * self.dp_shard
+
+
+def check_layout(template: str) -> str:
+    """Normalize a layout template or raise ValueError naming the allowed forms."""
+    t = template.strip().lower().replace(" ", "")
+    if not _LAYOUT_RE.match(t):
+        raise ValueError(f"layout {template!r} is not one of: {LAYOUT_FORMS}")
+    return t
+
+
+def resolve_layout(template: str, num_devices: int) -> ParallelDegrees:
+    """Degrees of a layout template at N devices; ValueError with the reason when the point cannot exist."""
+    m = _LAYOUT_RE.match(check_layout(template))
+    assert m is not None
+    fsdp, ddp, shard, tp, tp_fsdp = m.groups()
+    n = num_devices
+    if fsdp:
+        return ParallelDegrees(dp_mode="fsdp", dp_replicate=1, dp_shard=n, tp=1, world_size=n)
+    if ddp:
+        return ParallelDegrees(dp_mode="ddp", dp_replicate=n, dp_shard=1, tp=1, world_size=n)
+    if shard:
+        s = int(shard)
+        if s > n or n % s:
+            raise ValueError(f"hsdp shard size {s} does not divide {n} devices")
+        return ParallelDegrees(dp_mode="hsdp", dp_replicate=n // s, dp_shard=s, tp=1, world_size=n)
+    t = int(tp)
+    if n % t:
+        raise ValueError(f"tp degree {t} does not divide {n} devices")
+    if tp_fsdp:
+        return ParallelDegrees(dp_mode="fsdp", dp_replicate=1, dp_shard=n // t, tp=t, world_size=n)
+    if n != t:
+        raise ValueError(f"layout tp={t} uses exactly {t} devices, not {n} (use tp={t}+fsdp to scale)")
+    return ParallelDegrees(dp_mode="none", dp_replicate=1, dp_shard=1, tp=t, world_size=n)
+
+
+# ------------------------------------------------------------------------------------------ experiment
+
+
+class ExperimentSpec(_Strict):
+    """One experiment: a matrix of precisions x layouts x GPU counts x repeats on one cluster."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "examples": [{
+                "name": "llama3-8b fsdp fp8 scaling",
+                "model": "8b",
+                "num_layers": 16,
+                "cluster": "h200-pod",
+                "gpu_counts": [8, 16, 32, 64],
+                "precisions": ["bf16", "fp8-tensorwise", "fp8-rowwise"],
+                "layouts": ["fsdp", "tp=2+fsdp"],
+                "scaling": "weak",
+                "seq_len": 8192,
+                "local_batch_size": 1,
+                "steps": 30,
+                "warmup_steps": 5,
+                "repeats": 2,
+                "compile": True,
+                "fp8_all_gather": True,
+                "tags": ["nightly"],
+            }]
+        },
+    )
+
+    name: str = Field(min_length=1, max_length=200, description="Human-readable experiment name.")
+    model: ModelName = Field(description=f"Named Llama-3 shape: {', '.join(MODEL_NAMES)}.")
+    num_layers: int | None = Field(None, ge=1, le=256, description="Override of the shape's layer count.")
+    cluster: str = Field("local-cpu", min_length=1, max_length=100, description="Cluster name (GET /clusters).")
+    gpu_counts: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        min_length=1, max_length=32, description="Device counts N to measure (each a point of the curve).")
+    precisions: list[Precision] = Field(min_length=1, max_length=5, description="Precisions to compare.")
+    layouts: list[str] = Field(["fsdp"], min_length=1, max_length=8,
+                               description=f"Parallelism layout templates that scale with N: {LAYOUT_FORMS}.")
+    scaling: ScalingMode = Field("weak", description="weak: fixed local batch; strong: fixed global batch.")
+    seq_len: int = Field(2048, ge=16, le=131072, description="Tokens per sequence.")
+    local_batch_size: int | None = Field(None, ge=1, le=4096,
+                                         description="Sequences per data-parallel rank (weak scaling; default 1).")
+    global_batch_size: int | None = Field(None, ge=1, le=1 << 20,
+                                          description="Sequences per step over all ranks (strong scaling).")
+    steps: int = Field(20, ge=2, le=100000, description="Training steps per run, warm-up included.")
+    warmup_steps: int = Field(5, ge=0, description="Leading steps excluded from timing.")
+    repeats: int = Field(1, ge=1, le=20, description="Repeats of every point (throughput is their median).")
+    compile: bool = Field(False, description="torch.compile each transformer block.")
+    activation_checkpointing: Literal["none", "full"] = Field("none", description="Activation checkpointing.")
+    fp8_all_gather: bool = Field(False, description="FSDP float8 all-gather (tensorwise only).")
+    precompute_fp8_scales: bool = Field(False, description="Precompute float8 dynamic scales for FSDP (tensorwise all-gather).")
+    lr: float = Field(3e-4, gt=0, le=1.0, description="Peak AdamW learning rate.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    data_path: str | None = Field(None, max_length=1000,
+                                  description="Pre-tokenized uint16/uint32 token file on the cluster (default: synthetic).")
+    timeout_s: int = Field(3600, ge=10, le=7 * 24 * 3600, description="Wall-clock limit of one run.")
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field([], max_length=32)
+
+    @field_validator("gpu_counts")
+    @classmethod
+    def _unique_sorted(cls, v: list[int]) -> list[int]:
+        return sorted(set(v))
+
+    @field_validator("precisions")
+    @classmethod
+    def _unique_precisions(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("layouts")
+    @classmethod
+    def _layouts(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(check_layout(t) for t in v))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentSpec:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps({self.warmup_steps}) must be below steps({self.steps})")
+        if self.scaling == "strong" and self.global_batch_size is None:
+            raise ValueError("global_batch_size is required for scaling 'strong'")
+        if self.scaling == "weak" and self.global_batch_size is not None:
+            raise ValueError("global_batch_size applies to scaling 'strong'; use local_batch_size for 'weak'")
+        if self.scaling == "strong" and self.local_batch_size is not None:
+            raise ValueError("local_batch_size applies to scaling 'weak'; use global_batch_size for 'strong'")
+        if self.precompute_fp8_scales and not self.fp8_all_gather:
+            raise ValueError("precompute_fp8_scales needs fp8_all_gather: true")
+        return self
+
+
+# --------------------------------------------------------------------------------------------- run
+
+
+class RunSpec(_Strict):
+    """One fully resolved point of an experiment; what the runner reads from spec.json."""
+
+    schema_version: int = SCHEMA_VERSION
+    model: ModelName
+    num_layers: int = Field(ge=1)
+    precision: Precision
+    layout: str
+    degrees: ParallelDegrees
+    scaling: ScalingMode
+    seq_len: int = Field(ge=1)
+    local_batch_size: int = Field(ge=1)
+    steps: int = Field(ge=2)
+    warmup_steps: int = Field(ge=0)
+    compile: bool = False
+    activation_checkpointing: Literal["none", "full"] = "none"
+    fp8_all_gather: bool = False
+    precompute_fp8_scales: bool = False
+    lr: float = 3e-4
+    lr_warmup_steps: int = 0
+    seed: int = 0
+    data_path: str | None = None
+    device_type: Literal["cpu", "cuda"] = "cpu"
+    timeout_s: int = 3600
+    # Not part of the run key: where and which repeat.
+    cluster: str = "local-cpu"
+    repeat: int = Field(0, ge=0)
+
+    @property
+    def num_devices(self) -> int:
+        return self.degrees.world_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.local_batch_size * self.degrees.dp_degree
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    @model_validator(mode="after")
+    def _fp8_all_gather_recipe(self) -> RunSpec:
+        if self.fp8_all_gather and self.precision != "fp8-tensorwise":
+            raise ValueError(f"fp8_all_gather works only with fp8-tensorwise, not {self.precision}")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps({self.warmup_steps}) must be below steps({self.steps})")
+        return self
+
+    def run_key(self) -> str:
+        """Stable hash of the normalized spec without cluster and repeat: equal keys are comparable runs."""
+        payload = self.model_dump(mode="json", exclude={"cluster", "repeat", "timeout_s"})
+        blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+# ------------------------------------------------------------------------------------------ result
+
+
+class StepRecord(_Strict):
+    step: int = Field(ge=0)
+    loss: float | None = None
+    step_ms: float | None = Field(None, ge=0)
+    tokens: int = Field(0, ge=0)
+    grad_norm: float | None = None
+    lr: float | None = None
+    warmup: bool = False  # excluded from timing
+
+
+class Summary(_Strict):
+    num_timed_steps: int
+    tokens_per_step: int
+    tokens_per_sec: float  # global
+    tokens_per_sec_per_device: float
+    step_ms_median: float
+    step_ms_min: float
+    step_ms_max: float
+    flops_per_token: int
+    tflops_per_device: float
+    bf16_peak_tflops: float | None = None
+    precision_peak_tflops: float | None = None
+    mfu_vs_bf16_peak: float | None = None  # fraction, 0..1
+    mfu_vs_precision_peak: float | None = None  # fraction, against the precision's own peak
+    mfu_note: str | None = None  # why MFU is absent, when it is
+    peak_memory_allocated_gib: float | None = None  # max over ranks
+    peak_memory_reserved_gib: float | None = None
+    num_float8_linears: int | None = None
+
+
+class Numerics(_Strict):
+    final_loss: float | None = None
+    loss_curve: list[float] = []
+
+
+class Environment(_Strict):
+    vendor: Literal["nvidia", "amd", "cpu"]
+    device_name: str
+    device_count: int
+    gcn_arch: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    hip_version: str | None = None
+    torch_version: str
+    torchao_version: str | None = None
+    nccl_version: str | None = None  # RCCL reports through the same API on ROCm
+    python_version: str | None = None
+    hosts: list[str] = []
+    world_size: int
+    backend: str | None = None
+    fp8_dtypes: list[str] = []
+
+
+class RunError(_Strict):
+    kind: ErrorKind
+    message: str = Field(max_length=20000)
+    traceback_tail: str | None = None
+    memory: dict[str, float] | None = None  # oom: allocated/reserved/total GiB at failure
+
+
+class RunResult(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    run_key: str
+    status: Literal["succeeded", "failed"]
+    steps: list[StepRecord] = []
+    summary: Summary | None = None
+    numerics: Numerics | None = None
+    environment: Environment | None = None
+    error: RunError | None = None
+
+    @model_validator(mode="after")
+    def _status_matches(self) -> RunResult:
+        if self.status == "failed" and self.error is None:
+            raise ValueError("a failed result needs an error (kind and message)")
+        if self.status == "succeeded" and self.summary is None:
+            raise ValueError("a succeeded result needs a summary")
+        return self

@@ -1,0 +1,1 @@
+"""scalebench db package (see DESIGN.md for its import rules)."""

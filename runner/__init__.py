@@ -1,0 +1,1 @@
+"""scalebench runner package (see DESIGN.md for its import rules)."""

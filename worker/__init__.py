@@ -1,0 +1,1 @@
+"""scalebench worker package (see DESIGN.md for its import rules)."""
