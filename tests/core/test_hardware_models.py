@@ -1,0 +1,52 @@
+"""Peak table, fp8 dtype choice, shapes and FLOPs per token (checked by hand)."""
+
+import pytest
+
+from core.hardware import find_peak, fp8_dtype_names, peak_tflops
+from core.models import SHAPES, get_shape
+
+
+@pytest.mark.parametrize("name,arch,bf16,fp8", [
+    ("NVIDIA H200", None, 989, 1979), ("NVIDIA H100 80GB HBM3", None, 989, 1979),
+    ("NVIDIA B200", None, 2250, 4500), ("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 1307, 2615),
+    ("AMD Instinct MI325X", None, 1307, 2615), ("AMD Instinct MI355X", None, 2500, 5000),
+    ("", "gfx942:sramecc+:xnack-", 1307, 2615), ("", "gfx950", 2500, 5000),
+])
+def test_known_peaks(name, arch, bf16, fp8):
+    assert peak_tflops(name, "bf16", arch) == (bf16, bf16)
+    assert peak_tflops(name, "fp8-rowwise", arch) == (bf16, fp8)
+
+
+@pytest.mark.parametrize("name", ["cpu", "NVIDIA A10G", "NVIDIA H100 PCIe", "AMD Radeon"])
+def test_unknown_device_has_no_peak(name):
+    assert find_peak(name) is None and peak_tflops(name, "bf16") == (None, None)
+
+
+def test_fp8_dtypes_per_vendor():
+    assert fp8_dtype_names("nvidia", "NVIDIA H200") == ("float8_e4m3fn", "float8_e5m2")
+    assert fp8_dtype_names("amd", "AMD Instinct MI300X", "gfx942") == ("float8_e4m3fnuz", "float8_e5m2fnuz")
+    assert fp8_dtype_names("amd", "AMD Instinct MI355X", "gfx950") == ("float8_e4m3fn", "float8_e5m2")
+
+
+def test_published_parameter_counts():
+    # Llama-3.1 8B / 70B / 405B: 8.03B, 70.55B, 405.85B parameters (untied embeddings)
+    assert round(SHAPES["8b"].num_params() / 1e9, 2) == 8.03
+    assert round(SHAPES["70b"].num_params() / 1e9, 2) == 70.55
+    assert round(SHAPES["405b"].num_params() / 1e9, 2) == 405.85
+    assert SHAPES["8b"].ffn_hidden_dim == 14336 and SHAPES["70b"].ffn_hidden_dim == 28672
+
+
+def test_flops_per_token_8b_by_hand():
+    # 8b: dim 4096, 32 layers, 32 heads (head_dim 128), 8 kv heads (kv dim 1024), ffn 14336, vocab 128256.
+    per_layer = 4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336 + 2 * 4096  # attn + ffn + 2 norms
+    n = 32 * per_layer + 4096 + 128256 * 4096  # + final norm + output projection (embedding excluded)
+    assert n == 7_504_924_672  # 8.03B total minus the 0.525B token embedding
+    t = 8192
+    expected = 6 * n + 12 * 32 * 32 * 128 * t
+    assert SHAPES["8b"].flops_per_token(t) == expected == 57_914_449_920  # ~57.9 GFLOP per token
+    assert get_shape("8b", 16).flops_per_token(t) < expected
+
+
+def test_unknown_shape_names_allowed():
+    with pytest.raises(ValueError, match="allowed: debug, 1b, 8b, 70b, 405b"):
+        get_shape("13b")
