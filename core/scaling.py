@@ -1,0 +1,371 @@
+"""Linear-scaling curves from run results (pure; computed on read). Definitions: shared/DESIGN.md.
+
+Input: plain `RunPoint` records (one per run, repeats included). Output: a `ScalingReport` the API returns
+as JSON directly. Per series (model + layers, precision, layout, scaling mode, cluster) and device count N:
+
+- X(N): median over succeeded repeats of global tokens/s; spread = (max - min) / median.
+- E(N) = X(N) / (X(N0) * N / N0), N0 the smallest measured N of the series (or the baseline asked for).
+- S(N) = X_fp8(N) / X_bf16(N) for the same model, layout, scaling mode, cluster and N.
+- Amdahl and USL fits on >= 3 measured points, with fit quality; predictions beyond the measured range
+  are labelled extrapolations.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from core.scaling_fits import MIN_FIT_POINTS, fit_amdahl, fit_usl
+from core.specs import FP8_PRECISIONS, resolve_layout
+
+NOISY_SPREAD = 0.05  # a point whose repeats spread more than 5% of their median is flagged noisy
+PointStatus = Literal["measured", "failed", "pending", "missing"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunPoint:
+    """One run (one repeat of one matrix point), as the DB or an import gives it."""
+
+    run_id: str | int
+    model: str
+    num_layers: int
+    precision: str
+    layout: str
+    scaling: str  # weak | strong
+    cluster: str
+    num_devices: int
+    status: str  # succeeded | failed | anything else (queued, running, ...) counts as pending
+    tokens_per_sec: float | None = None  # global
+    step_ms_median: float | None = None
+    mfu_vs_bf16_peak: float | None = None
+    mfu_vs_precision_peak: float | None = None
+    peak_memory_allocated_gib: float | None = None
+    final_loss: float | None = None
+    imported: bool = False
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class SeriesKey(_Out):
+    model: str
+    num_layers: int
+    precision: str
+    layout: str
+    scaling: str
+    cluster: str
+
+    def label(self) -> str:
+        return f"{self.model}/L{self.num_layers} {self.precision} {self.layout} {self.scaling} @{self.cluster}"
+
+
+class ScalingPoint(_Out):
+    num_devices: int
+    status: PointStatus
+    flags: list[str] = []  # noisy, failed, some_failed, missing, pending, imported
+    num_succeeded: int = 0
+    num_failed: int = 0
+    num_pending: int = 0
+    run_ids: list[str] = []
+    tokens_per_sec: float | None = None  # X(N), global, median over repeats
+    tokens_per_sec_min: float | None = None
+    tokens_per_sec_max: float | None = None
+    tokens_per_sec_per_device: float | None = None
+    spread: float | None = None  # (max - min) / median, a fraction
+    efficiency: float | None = None  # E(N), a fraction
+    fp8_speedup: float | None = None  # S(N); fp8 series only
+    step_ms_median: float | None = None
+    mfu_vs_bf16_peak: float | None = None
+    mfu_vs_precision_peak: float | None = None
+    peak_memory_allocated_gib: float | None = None
+    final_loss: float | None = None
+
+
+class Prediction(_Out):
+    num_devices: int
+    tokens_per_sec: float
+    efficiency: float | None  # against the measured X(N0)
+    extrapolated: bool  # num_devices outside the measured range
+    note: str
+
+
+class AmdahlFit(_Out):
+    fitted: bool
+    reason: str | None = None  # why not fitted
+    tokens_per_sec_one_device: float | None = None  # X1
+    serial_fraction: float | None = None  # s
+    max_speedup: float | None = None  # 1 / s (None when s = 0)
+    r_squared: float | None = None
+    rms_rel_error: float | None = None
+    num_points: int = 0
+    prediction: Prediction | None = None
+
+
+class USLFit(_Out):
+    fitted: bool
+    reason: str | None = None
+    lambda_tokens_per_sec: float | None = None  # one-device throughput
+    sigma: float | None = None  # contention
+    kappa: float | None = None  # coherency
+    r_squared: float | None = None
+    rms_rel_error: float | None = None
+    num_points: int = 0
+    peak_num_devices: float | None = None  # N* = sqrt((1 - sigma) / kappa); None if kappa <= 0
+    peak_tokens_per_sec: float | None = None
+    peak_extrapolated: bool | None = None
+    prediction: Prediction | None = None
+
+
+class Series(_Out):
+    key: SeriesKey
+    baseline_num_devices: int | None  # N0 used for E(N)
+    points: list[ScalingPoint]
+    amdahl: AmdahlFit
+    usl: USLFit
+    notes: list[str] = []
+
+
+class SpeedupPoint(_Out):
+    model: str
+    num_layers: int
+    layout: str
+    scaling: str
+    cluster: str
+    precision: str  # the fp8 recipe
+    num_devices: int
+    fp8_tokens_per_sec: float
+    bf16_tokens_per_sec: float
+    speedup: float
+    fp8_final_loss: float | None = None
+    bf16_final_loss: float | None = None
+    loss_rel_gap: float | None = None  # (fp8 - bf16) / bf16 final loss
+
+
+class ScalingReport(_Out):
+    series: list[Series]
+    speedups: list[SpeedupPoint]
+    gpu_counts: list[int]  # every N seen in the input
+    noisy_spread: float = NOISY_SPREAD
+    baseline_num_devices: int | None = None  # as asked; None: each series' smallest measured N
+
+
+# ------------------------------------------------------------------------------------------ points
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _point(num_devices: int, runs: Sequence[RunPoint], noisy_spread: float) -> ScalingPoint:
+    ok = [r for r in runs if r.status == "succeeded" and r.tokens_per_sec is not None]
+    num_failed = sum(r.status == "failed" for r in runs)
+    num_pending = len(runs) - len(ok) - num_failed
+    base = dict(num_devices=num_devices, num_succeeded=len(ok), num_failed=num_failed, num_pending=num_pending,
+                run_ids=[str(r.run_id) for r in runs])
+    imported = ["imported"] if any(r.imported for r in runs) else []
+    if not ok:
+        status: PointStatus = "failed" if num_failed and not num_pending else "pending"
+        return ScalingPoint(status=status, flags=[status] + imported, **base)
+    xs = [r.tokens_per_sec for r in ok]
+    x = statistics.median(xs)
+    spread = (max(xs) - min(xs)) / x if x > 0 else None
+    flags = ["noisy"] if spread is not None and spread > noisy_spread else []
+    flags += ["some_failed"] if num_failed else []
+    flags += ["pending"] if num_pending else []
+    return ScalingPoint(
+        status="measured", flags=flags + imported, tokens_per_sec=x, tokens_per_sec_min=min(xs),
+        tokens_per_sec_max=max(xs), tokens_per_sec_per_device=x / num_devices, spread=spread,
+        step_ms_median=_median(r.step_ms_median for r in ok),
+        mfu_vs_bf16_peak=_median(r.mfu_vs_bf16_peak for r in ok),
+        mfu_vs_precision_peak=_median(r.mfu_vs_precision_peak for r in ok),
+        peak_memory_allocated_gib=_median(r.peak_memory_allocated_gib for r in ok),
+        final_loss=_median(r.final_loss for r in ok), **base)
+
+
+def _layout_fits(layout: str, num_devices: int) -> bool:
+    try:
+        resolve_layout(layout, num_devices)
+    except ValueError:
+        return False
+    return True
+
+
+def _points(runs: Sequence[RunPoint], all_counts: Sequence[int], noisy_spread: float) -> tuple[list[ScalingPoint], list[int]]:
+    """Points of one series, with missing ones for counts measured elsewhere; also the counts the layout cannot use."""
+    by_n: dict[int, list[RunPoint]] = {}
+    for r in runs:
+        by_n.setdefault(r.num_devices, []).append(r)
+    layout = runs[0].layout
+    points, impossible = [], []
+    for n in all_counts:
+        if n in by_n:
+            points.append(_point(n, by_n[n], noisy_spread))
+        elif _layout_fits(layout, n):
+            points.append(ScalingPoint(num_devices=n, status="missing", flags=["missing"]))
+        else:
+            impossible.append(n)
+    return points, impossible
+
+
+def _with_efficiency(points: list[ScalingPoint], baseline_n: int | None) -> tuple[list[ScalingPoint], int | None, list[str]]:
+    """E(N) = X(N) / (X(N0) * N / N0). An asked-for N0 that this series did not measure gives no E, and says so."""
+    measured = {p.num_devices: p.tokens_per_sec for p in points if p.tokens_per_sec}
+    if not measured:
+        return points, None, []
+    n0 = baseline_n if baseline_n is not None else min(measured)
+    if n0 not in measured:
+        return points, None, [f"no efficiency: baseline N0={n0} was not measured in this series"]
+    x0 = measured[n0]
+    out = [p.model_copy(update={"efficiency": p.tokens_per_sec / (x0 * p.num_devices / n0)})
+           if p.tokens_per_sec else p for p in points]
+    return out, n0, []
+
+
+# -------------------------------------------------------------------------------------------- fits
+
+
+def _prediction(predict, num_devices: int | None, measured: Mapping[int, float], n0: int | None) -> Prediction | None:
+    if num_devices is None:
+        return None
+    x = predict(num_devices)
+    lo, hi = min(measured), max(measured)
+    extrapolated = not lo <= num_devices <= hi
+    eff = x / (measured[n0] * num_devices / n0) if n0 in measured else None
+    note = (f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}" if extrapolated
+            else f"interpolation within the measured range {lo}..{hi}")
+    return Prediction(num_devices=num_devices, tokens_per_sec=x, efficiency=eff, extrapolated=extrapolated, note=note)
+
+
+def _fit_amdahl(measured: Mapping[int, float], full_n: int | None, n0: int | None) -> AmdahlFit:
+    if len(measured) < MIN_FIT_POINTS:
+        return AmdahlFit(fitted=False, reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
+                         num_points=len(measured))
+    p = fit_amdahl(list(measured), list(measured.values()))
+    q = p.quality
+    return AmdahlFit(fitted=True, tokens_per_sec_one_device=p.tokens_per_sec_one_device,
+                     serial_fraction=p.serial_fraction,
+                     max_speedup=1 / p.serial_fraction if p.serial_fraction > 0 else None,
+                     r_squared=q.r_squared, rms_rel_error=q.rms_rel_error, num_points=q.num_points,
+                     prediction=_prediction(p.predict, full_n, measured, n0))
+
+
+def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) -> USLFit:
+    if len(measured) < MIN_FIT_POINTS:
+        return USLFit(fitted=False, reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
+                      num_points=len(measured))
+    p = fit_usl(list(measured), list(measured.values()))
+    q, peak = p.quality, p.peak_num_devices
+    return USLFit(fitted=True, lambda_tokens_per_sec=p.lambda_tokens_per_sec, sigma=p.sigma, kappa=p.kappa,
+                  r_squared=q.r_squared, rms_rel_error=q.rms_rel_error, num_points=q.num_points,
+                  peak_num_devices=peak, peak_tokens_per_sec=p.predict(peak) if peak else None,
+                  peak_extrapolated=(not min(measured) <= peak <= max(measured)) if peak else None,
+                  prediction=_prediction(p.predict, full_n, measured, n0))
+
+
+# ---------------------------------------------------------------------------------------- assembly
+
+
+def _key(r: RunPoint) -> SeriesKey:
+    return SeriesKey(model=r.model, num_layers=r.num_layers, precision=r.precision, layout=r.layout,
+                     scaling=r.scaling, cluster=r.cluster)
+
+
+def _pair_key(k: SeriesKey) -> tuple[str, int, str, str, str]:
+    """What an fp8 series shares with the bf16 series it is compared with."""
+    return (k.model, k.num_layers, k.layout, k.scaling, k.cluster)
+
+
+def _speedups(groups: Mapping[SeriesKey, list[ScalingPoint]]) -> list[SpeedupPoint]:
+    bf16 = {_pair_key(k): {p.num_devices: p for p in pts} for k, pts in groups.items() if k.precision == "bf16"}
+    out = []
+    for k, pts in groups.items():
+        ref = bf16.get(_pair_key(k)) if k.precision in FP8_PRECISIONS else None
+        for p in pts if ref else []:
+            b = ref.get(p.num_devices)
+            if p.tokens_per_sec and b is not None and b.tokens_per_sec:
+                gap = ((p.final_loss - b.final_loss) / b.final_loss
+                       if p.final_loss is not None and b.final_loss else None)
+                out.append(SpeedupPoint(
+                    model=k.model, num_layers=k.num_layers, layout=k.layout, scaling=k.scaling, cluster=k.cluster,
+                    precision=k.precision, num_devices=p.num_devices, fp8_tokens_per_sec=p.tokens_per_sec,
+                    bf16_tokens_per_sec=b.tokens_per_sec, speedup=p.tokens_per_sec / b.tokens_per_sec,
+                    fp8_final_loss=p.final_loss, bf16_final_loss=b.final_loss, loss_rel_gap=gap))
+    return out
+
+
+def _series(key: SeriesKey, points: list[ScalingPoint], impossible: list[int], baseline_n: int | None,
+            full_n: int | None) -> Series:
+    points, n0, notes = _with_efficiency(points, baseline_n)
+    measured = {p.num_devices: p.tokens_per_sec for p in points if p.tokens_per_sec}
+    if impossible:
+        notes.append(f"layout {key.layout} cannot run at N={', '.join(map(str, impossible))}: not a missing point")
+    if key.scaling == "weak" and len(measured) >= MIN_FIT_POINTS:
+        notes.append("Amdahl's form fitted to weak scaling: s is the share of step time that does not "
+                     "parallelize at fixed local batch (Gustafson's reading), not a strong-scaling limit")
+    return Series(key=key, baseline_num_devices=n0, points=points, amdahl=_fit_amdahl(measured, full_n, n0),
+                  usl=_fit_usl(measured, full_n, n0), notes=notes)
+
+
+def build_report(runs: Iterable[RunPoint], *, baseline_num_devices: int | None = None,
+                 full_size_by_cluster: Mapping[str, int] | None = None,
+                 noisy_spread: float = NOISY_SPREAD) -> ScalingReport:
+    """Scaling report of the runs of one experiment (or several to compare).
+
+    baseline_num_devices: N0 for E(N) (e.g. 8 for one node); None takes each series' smallest measured N.
+    full_size_by_cluster: devices of each cluster at full size; fits predict X and E there (labelled as
+    extrapolation beyond the measured range).
+    """
+    runs = list(runs)
+    by_key: dict[SeriesKey, list[RunPoint]] = {}
+    for r in runs:
+        by_key.setdefault(_key(r), []).append(r)
+    all_counts = sorted({r.num_devices for r in runs})
+    sized: dict[SeriesKey, tuple[list[ScalingPoint], list[int]]] = {
+        k: _points(rs, all_counts, noisy_spread) for k, rs in by_key.items()}
+    speedups = _speedups({k: pts for k, (pts, _) in sized.items()})
+    s_of = {(sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp.speedup
+            for sp in speedups}
+    series = []
+    for k in sorted(sized, key=lambda k: (k.model, k.num_layers, k.cluster, k.scaling, k.layout, k.precision)):
+        pts, impossible = sized[k]
+        pts = [p.model_copy(update={"fp8_speedup": s_of.get(
+            (k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p.num_devices))}) for p in pts]
+        full_n = (full_size_by_cluster or {}).get(k.cluster)
+        series.append(_series(k, pts, impossible, baseline_num_devices, full_n))
+    return ScalingReport(series=series, speedups=speedups, gpu_counts=all_counts, noisy_spread=noisy_spread,
+                         baseline_num_devices=baseline_num_devices)
+
+
+# --------------------------------------------------------------------------------------------- CSV
+
+CSV_COLUMNS = ("model", "num_layers", "precision", "layout", "scaling", "cluster", "num_devices", "status",
+               "tokens_per_sec", "tokens_per_sec_per_device", "efficiency", "fp8_speedup", "mfu_vs_bf16_peak",
+               "mfu_vs_precision_peak", "peak_memory_allocated_gib", "spread", "num_succeeded", "num_failed",
+               "flags")
+
+
+def to_csv_rows(report: ScalingReport) -> list[dict[str, object]]:
+    """One row per series point, keys in CSV_COLUMNS order; flags joined with ';'."""
+    rows = []
+    for s in report.series:
+        for p in s.points:
+            row = {**s.key.model_dump(), **p.model_dump(exclude={"flags", "run_ids"})}
+            row["flags"] = ";".join(p.flags)
+            rows.append({c: row[c] for c in CSV_COLUMNS})
+    return rows
+
+
+def to_csv(report: ScalingReport) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(to_csv_rows(report))
+    return buf.getvalue()
