@@ -1,0 +1,169 @@
+"""SQLAlchemy 2 typed models: experiments, runs, per-step metrics, run summaries, API tokens.
+
+Ids are integers. Timestamps are timezone-aware UTC (`UtcDateTime`), also on SQLite, which stores them
+naive. JSON columns are JSONB on PostgreSQL (tag containment filters) and JSON elsewhere.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Constraint names are deterministic so that migrations (and `alembic check`) agree on every dialect.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
+
+EXPERIMENT_SOURCES = ("api", "import", "suite")
+RUN_STATUSES = ("queued", "pending", "running", "succeeded", "failed", "cancelled")
+ACTIVE_STATUSES = ("pending", "running")  # a worker owns the run
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """DateTime(timezone=True) that always hands back aware UTC datetimes (SQLite drops the zone)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert value.tzinfo is not None, "timestamps must be timezone-aware (UTC)"
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _enum_check(column: str, allowed: tuple[str, ...]) -> sa.CheckConstraint:
+    values = ", ".join(f"'{v}'" for v in allowed)
+    return sa.CheckConstraint(f"{column} IN ({values})", name=f"{column}_allowed")
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JsonType, list[Any]: JsonType}
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    __table_args__ = (_enum_check("source", EXPERIMENT_SOURCES),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    cluster: Mapped[str] = mapped_column(sa.String(100), index=True)
+    spec: Mapped[dict[str, Any]]  # ExperimentSpec, normalized JSON
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+    source: Mapped[str] = mapped_column(sa.String(16), default="api")
+    suite_id: Mapped[int | None] = mapped_column(index=True)  # FK added with the suites table
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(200), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+    runs: Mapped[list[Run]] = relationship(back_populates="experiment", passive_deletes=True,
+                                           order_by="Run.id", lazy="raise_on_sql")
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        _enum_check("status", RUN_STATUSES),
+        sa.Index("ix_runs_experiment_id_status", "experiment_id", "status"),
+        sa.Index("ix_runs_status_dispatched_at", "status", "dispatched_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(sa.ForeignKey("experiments.id", ondelete="CASCADE"))
+    run_key: Mapped[str] = mapped_column(sa.String(64), index=True)
+    spec: Mapped[dict[str, Any]]  # RunSpec JSON, what the runner reads as spec.json
+    precision: Mapped[str] = mapped_column(sa.String(32))
+    layout: Mapped[str] = mapped_column(sa.String(64))
+    num_devices: Mapped[int]
+    repeat: Mapped[int] = mapped_column(default=0)
+    cluster: Mapped[str] = mapped_column(sa.String(100))
+    queue: Mapped[str] = mapped_column(sa.String(100))  # Celery queue of the cluster's workers
+    status: Mapped[str] = mapped_column(sa.String(16), default="queued")
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    attempts: Mapped[int] = mapped_column(default=0)
+    worker: Mapped[str | None] = mapped_column(sa.String(200))
+    host: Mapped[str | None] = mapped_column(sa.String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    dispatched_at: Mapped[datetime | None]  # set only after the broker accepted the message
+    started_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    lease_expires_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    error_kind: Mapped[str | None] = mapped_column(sa.String(32))
+    error_message: Mapped[str | None] = mapped_column(sa.Text)
+    run_dir: Mapped[str | None] = mapped_column(sa.String(1000))  # holds spec.json, result.json, log.txt
+    slurm_job_id: Mapped[str | None] = mapped_column(sa.String(64))
+    imported: Mapped[bool] = mapped_column(default=False)
+    result: Mapped[dict[str, Any] | None]  # RunResult without steps (environment, numerics, error)
+
+    experiment: Mapped[Experiment] = relationship(back_populates="runs", lazy="raise_on_sql")
+
+
+class StepMetric(Base):
+    __tablename__ = "step_metrics"
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(primary_key=True)
+    loss: Mapped[float | None]
+    step_ms: Mapped[float | None]
+    tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    grad_norm: Mapped[float | None]
+    lr: Mapped[float | None]
+    warmup: Mapped[bool] = mapped_column(default=False)
+
+
+class RunSummary(Base):
+    """core.specs.Summary as columns (so that curves and regressions are plain SQL reads)."""
+
+    __tablename__ = "run_summaries"
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    num_timed_steps: Mapped[int]
+    tokens_per_step: Mapped[int] = mapped_column(sa.BigInteger)
+    tokens_per_sec: Mapped[float]
+    tokens_per_sec_per_device: Mapped[float]
+    step_ms_median: Mapped[float]
+    step_ms_min: Mapped[float]
+    step_ms_max: Mapped[float]
+    flops_per_token: Mapped[int] = mapped_column(sa.BigInteger)
+    tflops_per_device: Mapped[float]
+    bf16_peak_tflops: Mapped[float | None]
+    precision_peak_tflops: Mapped[float | None]
+    mfu_vs_bf16_peak: Mapped[float | None]
+    mfu_vs_precision_peak: Mapped[float | None]
+    mfu_note: Mapped[str | None] = mapped_column(sa.Text)
+    peak_memory_allocated_gib: Mapped[float | None]
+    peak_memory_reserved_gib: Mapped[float | None]
+    num_float8_linears: Mapped[int | None]
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)  # sha256 hex of the token
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]

@@ -1,0 +1,157 @@
+"""Run lifecycle (what workers call): claim, heartbeat, launch details, results, failures, reaping, cancel.
+
+Every state change is one conditional UPDATE (`WHERE status IN ...`), so that two workers, a redelivered
+message, the reaper and a cancel can race without a lost update. Functions never commit: the caller does.
+
+    queued --claim_run--> running --record_result--> succeeded | failed
+       |                    |  \\--mark_failed------> failed
+       |                    |   \\--reap_expired----> queued (attempts left) | failed 'worker_lost'
+       \\--mark_cancelled--> cancelled  <--mark_cancelled (worker acted on cancel_requested)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from core.specs import ERROR_KINDS, RunResult
+from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunSummary, StepMetric, utcnow
+
+log = logging.getLogger(__name__)
+MAX_ERROR_MESSAGE_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What a heartbeat learned: whether this worker still owns the run, and whether a cancel was asked."""
+
+    owned: bool
+    cancel_requested: bool
+
+
+def _update(session: Session, run_id: int, where: list, **values) -> bool:
+    stmt = sa.update(Run).where(Run.id == run_id, *where).values(**values)
+    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
+
+
+def claim_run(session: Session, run_id: int, worker: str, host: str, lease_s: float,
+              now: datetime | None = None) -> bool:
+    """queued -> running with a lease, in one atomic UPDATE. False: someone else has it (or it is gone)."""
+    now = now or utcnow()
+    return _update(
+        session, run_id, [Run.status == "queued", Run.cancel_requested.is_(False)],
+        status="running", attempts=Run.attempts + 1, worker=worker, host=host, started_at=now,
+        heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s), finished_at=None,
+        error_kind=None, error_message=None,
+    )
+
+
+def heartbeat(session: Session, run_id: int, lease_s: float, worker: str | None = None,
+              now: datetime | None = None) -> LeaseState:
+    """Extend the lease of an active run (owned by `worker` when given); report a pending cancel."""
+    now = now or utcnow()
+    where = [Run.status.in_(ACTIVE_STATUSES)] + ([Run.worker == worker] if worker else [])
+    stmt = (sa.update(Run).where(Run.id == run_id, *where)
+            .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+            .returning(Run.cancel_requested))
+    row = session.execute(stmt.execution_options(synchronize_session=False)).first()
+    return LeaseState(owned=row is not None, cancel_requested=bool(row and row[0]))
+
+
+def update_launch(session: Session, run_id: int, *, status: str | None = None, run_dir: str | None = None,
+                  slurm_job_id: str | None = None) -> bool:
+    """Record where an active run lives (run dir, Slurm job id) and pending <-> running moves."""
+    if status is not None and status not in ACTIVE_STATUSES:
+        raise ValueError(f"status: {status!r} is not allowed here; allowed: {', '.join(ACTIVE_STATUSES)}")
+    values = {k: v for k, v in {"status": status, "run_dir": run_dir, "slurm_job_id": slurm_job_id}.items()
+              if v is not None}
+    if not values:
+        return False
+    return _update(session, run_id, [Run.status.in_(ACTIVE_STATUSES)], **values)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ERROR_KINDS:
+        raise ValueError(f"error kind: {kind!r} is not one of: {', '.join(ERROR_KINDS)}")
+
+
+def mark_failed(session: Session, run_id: int, kind: str, message: str, now: datetime | None = None) -> bool:
+    """Any non-terminal run -> failed(kind, message). False when it had already ended."""
+    _check_kind(kind)
+    return _update(session, run_id, [Run.status.not_in(TERMINAL_STATUSES)], status="failed",
+                   error_kind=kind, error_message=message[:MAX_ERROR_MESSAGE_CHARS],
+                   finished_at=now or utcnow(), lease_expires_at=None)
+
+
+def mark_cancelled(session: Session, run_id: int, message: str = "cancelled by request",
+                   now: datetime | None = None) -> bool:
+    """Any non-terminal run -> cancelled (a queued run, or a running one whose worker stopped it)."""
+    return _update(session, run_id, [Run.status.not_in(TERMINAL_STATUSES)], status="cancelled",
+                   error_kind="cancelled", error_message=message, finished_at=now or utcnow(),
+                   lease_expires_at=None)
+
+
+def _store_metrics(session: Session, run_id: int, result: RunResult) -> None:
+    session.execute(sa.delete(StepMetric).where(StepMetric.run_id == run_id))
+    session.execute(sa.delete(RunSummary).where(RunSummary.run_id == run_id))
+    if result.steps:
+        rows = [{"run_id": run_id, **s.model_dump()} for s in result.steps]
+        session.execute(sa.insert(StepMetric), rows)
+    if result.summary is not None:
+        session.execute(sa.insert(RunSummary).values(run_id=run_id, **result.summary.model_dump()))
+
+
+def record_result(session: Session, run_id: int, result: RunResult, now: datetime | None = None) -> bool:
+    """Store a RunResult (summary, steps, result JSON) and end the run succeeded | failed.
+
+    False (nothing stored) when the run had already ended, e.g. cancelled or reaped as lost meanwhile.
+    """
+    error = result.error
+    ok = _update(session, run_id, [Run.status.not_in(TERMINAL_STATUSES)], status=result.status,
+                 result=result.model_dump(mode="json", exclude={"steps"}),
+                 error_kind=error.kind if error else None,
+                 error_message=error.message[:MAX_ERROR_MESSAGE_CHARS] if error else None,
+                 finished_at=now or utcnow(), lease_expires_at=None)
+    if ok:
+        _store_metrics(session, run_id, result)
+    return ok
+
+
+def reap_expired(session: Session, now: datetime | None = None, max_attempts: int = 3) -> tuple[list[int], list[int]]:
+    """Active runs whose lease expired: back to queued (undispatched) while attempts remain, else failed.
+
+    Returns (requeued run ids, failed run ids). A run with a pending cancel is cancelled instead.
+    """
+    now = now or utcnow()
+    expired = [Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now]
+    cancelled = _bulk(session, expired + [Run.cancel_requested.is_(True)], status="cancelled",
+                      error_kind="cancelled", error_message="cancelled (worker lost)", finished_at=now)
+    failed = _bulk(session, expired + [Run.attempts >= max_attempts], status="failed", error_kind="worker_lost",
+                   error_message=f"worker lost: lease expired after {max_attempts} attempt(s)", finished_at=now)
+    requeued = _bulk(session, expired, status="queued", dispatched_at=None, worker=None, host=None,
+                     error_kind=None, error_message=None)
+    if requeued or failed or cancelled:
+        log.warning("reaped expired leases: requeued %s, failed %s, cancelled %s", requeued, failed, cancelled)
+    return requeued, failed + cancelled
+
+
+def _bulk(session: Session, where: list, **values) -> list[int]:
+    stmt = sa.update(Run).where(*where).values(lease_expires_at=None, **values).returning(Run.id)
+    return list(session.scalars(stmt.execution_options(synchronize_session=False)))
+
+
+def get_run(session: Session, run_id: int) -> Run | None:
+    return session.get(Run, run_id)
+
+
+def get_steps(session: Session, run_id: int) -> list[StepMetric]:
+    stmt = sa.select(StepMetric).where(StepMetric.run_id == run_id).order_by(StepMetric.step)
+    return list(session.scalars(stmt))
+
+
+def get_summary(session: Session, run_id: int) -> RunSummary | None:
+    return session.get(RunSummary, run_id)
