@@ -1,0 +1,107 @@
+"""The Celery app factory (no app is created at import). Redis in production; kombu's filesystem transport
+for the embedded default (`filesystem://` broker URL, no server needed, remote control included).
+
+Delivery semantics: acks_late + prefetch 1, so a message is acknowledged only after its task returned,
+and a worker holds one message at a time. The visibility timeout is longer than the longest run, so Redis
+does not hand a still-running message to a second worker; a redelivered message finds its run claimed
+(db.runs.claim_run is atomic) and exits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+from celery import Celery
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from core.settings import Settings
+
+TASK_EXECUTE_RUN = "scalebench.execute_run"
+DEFAULT_QUEUE = "local-cpu"
+MAX_RUN_S = 7 * 24 * 3600  # ExperimentSpec.timeout_s upper bound
+VISIBILITY_TIMEOUT_S = MAX_RUN_S + 6 * 3600  # longest run + margin for queueing on Slurm and cleanup
+TASK_SOFT_TIME_LIMIT_S = MAX_RUN_S + 3600  # the launcher enforces the run's own timeout_s first
+TASK_TIME_LIMIT_S = MAX_RUN_S + 2 * 3600
+BROKER_CONNECT_TIMEOUT_S = 3.0  # a down broker must fail a publish fast (the dispatcher retries later)
+
+
+def filesystem_broker_dirs(settings: Settings) -> dict[str, Path]:
+    """Folders of the filesystem transport: the URL's path if it has one, else <data_dir>/broker."""
+    path = settings.broker_url.removeprefix("filesystem://").strip()
+    root = Path(path) if path not in ("", "/") else settings.data_dir / "broker"
+    return {"queue": root / "queue", "control": root / "control", "processed": root / "processed"}
+
+
+def _transport(settings: Settings) -> tuple[str, dict]:
+    if settings.broker_is_filesystem:
+        dirs = filesystem_broker_dirs(settings)
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        # Producers write and consumers read the same folder; control_folder enables fanout (remote control).
+        return "filesystem://", {
+            "data_folder_in": str(dirs["queue"]), "data_folder_out": str(dirs["queue"]),
+            "control_folder": str(dirs["control"]), "processed_folder": str(dirs["processed"]),
+            "store_processed": False, "visibility_timeout": VISIBILITY_TIMEOUT_S,
+        }
+    return settings.broker_url, {
+        "visibility_timeout": VISIBILITY_TIMEOUT_S,
+        "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
+    }
+
+
+def make_celery(settings: Settings | None = None, include: Sequence[str] = ()) -> Celery:
+    """A configured Celery app for `settings` (default: from the environment). `include`: task modules."""
+    settings = settings or Settings.from_env()
+    broker_url, transport_options = _transport(settings)
+    app = Celery("scalebench", broker=broker_url, include=list(include))
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,  # outcomes live in the database, not in a result backend
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=DEFAULT_QUEUE,
+        task_soft_time_limit=TASK_SOFT_TIME_LIMIT_S,
+        task_time_limit=TASK_TIME_LIMIT_S,
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=BROKER_CONNECT_TIMEOUT_S,
+        worker_hijack_root_logger=False,
+        timezone="UTC",
+        enable_utc=True,
+    )
+    app.conf.scalebench_broker_url = settings.broker_url
+    if not settings.broker_is_filesystem:
+        # One probe client per app: no retries, short timeouts (redis-py retries for ~6 s by default).
+        app.conf.scalebench_probe = redis.Redis.from_url(
+            settings.broker_url, socket_connect_timeout=BROKER_CONNECT_TIMEOUT_S / 3,
+            socket_timeout=BROKER_CONNECT_TIMEOUT_S / 3, retry=Retry(NoBackoff(), 0))
+    return app
+
+
+def broker_error(app: Celery) -> str | None:
+    """None when the broker answers now, else why not (fast: no retries). Used by publishers and /readyz."""
+    url = app.conf.get("scalebench_broker_url") or app.conf.broker_url
+    try:
+        if str(url).startswith("filesystem://"):
+            folder = Path(app.conf.broker_transport_options["data_folder_out"])
+            if not folder.is_dir():
+                return f"broker folder {str(folder)!r} does not exist"
+            return None
+        app.conf.scalebench_probe.ping()
+        return None
+    except Exception as exc:  # redis raises ConnectionError, TimeoutError, AuthenticationError, ...
+        return f"broker {_redact(str(url))} unreachable: {type(exc).__name__}: {exc}"
+
+
+def _redact(url: str) -> str:
+    """The URL without a password (it goes into API responses)."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
