@@ -217,6 +217,14 @@ def _lm_step(jac: list[list[float]], res: list[float], damp: float) -> list[floa
     return _solve(jtj, jtr)
 
 
+def _snap_roundoff(p: tuple[float, float, float], n_max: float) -> tuple[float, float, float]:
+    """Zero a term whose share of the denominator at the largest N is round-off (a kappa of 1e-20 would
+    otherwise report a peak at N = 1e9)."""
+    sigma = p[1] if p[1] * (n_max - 1) > 1e-9 else 0.0
+    kappa = p[2] if p[2] * n_max * (n_max - 1) > 1e-9 else 0.0
+    return p[0], sigma, kappa
+
+
 def fit_usl(ns: Sequence[float], xs: Sequence[float]) -> USLParams:
     """USL fit: the linearized least squares (active set over sigma >= 0, kappa >= 0), then LM refinement."""
     _check_points(ns, xs)
@@ -232,5 +240,6 @@ def fit_usl(ns: Sequence[float], xs: Sequence[float]) -> USLParams:
             break  # the fullest feasible model wins; smaller models only when it is infeasible
     assert candidates, "the pure linear model (sigma = kappa = 0) is always feasible"
     _, _, p, free = min(candidates, key=lambda c: (c[0], c[1]))
+    p = _snap_roundoff(p, max(ns))
     quality = fit_quality(ns, xs, [usl_x(n, *p) for n in ns], num_params=1 + len(free))
     return USLParams(lambda_tokens_per_sec=p[0], sigma=p[1], kappa=p[2], quality=quality)
