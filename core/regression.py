@@ -207,10 +207,11 @@ def _failure_finding(history, current, previous_state, config) -> Finding | None
     good = _last_good(history)
     if good is None:
         return None  # never succeeded: nothing regressed
+    diff = environment_diff(good, _first_bad(history, current, previous_state))
+    cause = f"; likely cause: {', '.join(diff.likely_cause)}" if diff.likely_cause else ""
     return Finding(metric=config.name, state="failed", previous_state=previous_state, timestamp=current.timestamp,
-                   run_id=_id(current), value=None,
-                   message=f"{config.name}: run failed after succeeding (last good run {_id(good)})",
-                   env_diff=environment_diff(good, _first_bad(history, current, previous_state)))
+                   run_id=_id(current), value=None, env_diff=diff,
+                   message=f"{config.name} failed: the run failed after succeeding (last good run {_id(good)}){cause}")
 
 
 def evaluate(history: Sequence[NightlyValue], current: NightlyValue, previous_state: str | None,
