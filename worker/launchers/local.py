@@ -35,11 +35,12 @@ _CHILDREN: dict[int, subprocess.Popen] = {}
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, cluster: Cluster = LOCAL_CPU, kill_grace_s: float = 5.0, runner_module: str = "runner",
+    def __init__(self, cluster: Cluster = LOCAL_CPU, kill_grace_s: float = 5.0, runner_module: str | None = None,
                  python: str = sys.executable, cpu_count: int | None = None):
         self.cluster = cluster
         self.kill_grace_s = kill_grace_s
-        self.runner_module = runner_module
+        # SCALEBENCH_RUNNER_MODULE: another training program with the runner's CLI (default: ours).
+        self.runner_module = runner_module or os.environ.get("SCALEBENCH_RUNNER_MODULE", "runner")
         self.python = python
         self.cpu_count = cpu_count or os.cpu_count() or 1
 

@@ -1,0 +1,163 @@
+"""What a worker does with one run: claim, launch, watch (heartbeat, cancel, deadline), record the outcome.
+
+The Celery task (worker/tasks.py) is a thin adapter over `execute_run`. Every DB write is its own short
+transaction; the run's process never waits on the database: if Postgres is down when the run ends,
+result.json stays in the run directory and recording is retried with backoff until the database is back
+(and `recover_finished_runs` records it after a worker restart).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from core.specs import RunError, RunResult, RunSpec
+from db import runs as db_runs
+from db.models import Run
+from db.session import session_scope
+from worker.launchers.base import LaunchHandle, LaunchOutcome
+from worker.runtime import Runtime
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+CANCEL_CHECK_S = 1.0  # how often the cancel flag is read (cancel must end the run within 10 s)
+POLL_S = 0.5
+DB_RETRY_MAX_S = 5.0
+TAIL_IN_MESSAGE_CHARS = 2000
+
+
+def with_db(rt: Runtime, fn: Callable[[Session], T], what: str, retry_forever: bool = False) -> T:
+    """Run fn in one transaction; on a lost/refused connection retry with backoff (forever if asked)."""
+    delay_s = 0.25
+    while True:
+        try:
+            with session_scope(rt.session_factory) as session:
+                return fn(session)
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            if not retry_forever:
+                raise
+            log.warning("%s: database unavailable (%s); retrying in %.1f s", what, exc.__class__.__name__, delay_s)
+            time.sleep(delay_s)
+            delay_s = min(DB_RETRY_MAX_S, delay_s * 2)
+
+
+def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | None = None) -> str:
+    """Claim and execute one run; returns what happened ('skipped', or the final status)."""
+    claimed = with_db(rt, lambda s: db_runs.claim_run(s, run_id, rt.worker_name, rt.host, rt.settings.lease_s),
+                      f"run {run_id}: claim")
+    if not claimed:
+        log.info("run %d: not claimable (already claimed, finished, cancelled or gone): nothing to do", run_id)
+        return "skipped"
+    run = with_db(rt, lambda s: s.get(Run, run_id), f"run {run_id}: read")
+    assert run is not None
+    try:
+        spec = RunSpec.model_validate(run.spec)
+        cluster = rt.cluster(run.cluster)
+        launcher = rt.launcher(cluster)
+        run_dir = rt.run_dir(cluster, run_id)
+        handle = launcher.start(spec, str(run_id), run_dir)
+    except Exception as exc:  # noqa: BLE001 - recorded, never swallowed
+        log.exception("run %d: launch failed", run_id)
+        _record_failure(rt, run_id, run.spec, "launch_error", f"launch failed: {exc}", "")
+        return "failed"
+    with_db(rt, lambda s: db_runs.update_launch(s, run_id, run_dir=str(run_dir), slurm_job_id=handle.job_id),
+            f"run {run_id}: launch details", retry_forever=True)
+    outcome = _watch(rt, run_id, launcher, handle)
+    if outcome is None:
+        return "cancelled"
+    return _finish(rt, run_id, run.spec, run.attempts, outcome, republish)
+
+
+def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOutcome | None:
+    """Poll until the run ends; heartbeat; act on cancel. None when the run was cancelled (or taken away)."""
+    next_heartbeat = next_cancel_check = 0.0
+    last_state = "running"
+    while True:
+        outcome = launcher.poll(handle)
+        if outcome.state not in ("pending", "running"):
+            return outcome
+        now = time.monotonic()
+        if outcome.state != last_state:  # Slurm: pending <-> running
+            last_state = outcome.state
+            _try_db(rt, lambda s: db_runs.update_launch(s, run_id, status=outcome.state), f"run {run_id}: state")
+        if now >= next_heartbeat:
+            next_heartbeat = now + rt.settings.heartbeat_s
+            lease = _try_db(rt, lambda s: db_runs.heartbeat(s, run_id, rt.settings.lease_s, rt.worker_name),
+                            f"run {run_id}: heartbeat")
+            if lease is not None and (lease.cancel_requested or not lease.owned):
+                return _stop(rt, run_id, launcher, handle, owned=lease.owned)
+        elif now >= next_cancel_check:
+            next_cancel_check = now + CANCEL_CHECK_S
+            flag = _try_db(rt, lambda s: s.scalar(sa.select(Run.cancel_requested).where(Run.id == run_id)),
+                           f"run {run_id}: cancel check")
+            if flag:
+                return _stop(rt, run_id, launcher, handle, owned=True)
+        time.sleep(POLL_S)
+
+
+def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool) -> None:
+    why = "cancel requested" if owned else "the run is no longer ours (reaped or cancelled)"
+    log.info("run %d: %s: ending its processes", run_id, why)
+    launcher.cancel(handle)
+    if owned:
+        with_db(rt, lambda s: db_runs.mark_cancelled(s, run_id), f"run {run_id}: mark cancelled", retry_forever=True)
+    return None
+
+
+def _try_db(rt: Runtime, fn: Callable[[Session], T], what: str) -> T | None:
+    """A best-effort write while the run goes on: the database being down must not stop the run."""
+    try:
+        return with_db(rt, fn, what)
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        log.warning("%s: database unavailable (%s); the run goes on", what, exc.__class__.__name__)
+        return None
+
+
+def _finish(rt: Runtime, run_id: int, spec_json: dict, attempts: int, outcome: LaunchOutcome,
+            republish: Callable[[int], None] | None) -> str:
+    if outcome.result is not None:
+        result = outcome.result
+        stored = with_db(rt, lambda s: db_runs.record_result(s, run_id, result), f"run {run_id}: record result",
+                         retry_forever=True)
+        log.info("run %d: %s (%s)", run_id, result.status, "recorded" if stored else "already ended: not stored")
+        return result.status
+    assert outcome.error_kind is not None
+    if outcome.retryable and attempts <= rt.settings.max_infra_retries:
+        requeued = with_db(rt, lambda s: requeue_for_retry(s, run_id, outcome.message or ""),
+                           f"run {run_id}: requeue", retry_forever=True)
+        log.warning("run %d: infrastructure failure on attempt %d (%s): %s", run_id, attempts, outcome.message,
+                    "requeued" if requeued else "not requeued (already ended)")
+        if requeued and republish is not None:
+            republish(run_id)
+        return "queued"
+    _record_failure(rt, run_id, spec_json, outcome.error_kind, outcome.message or outcome.error_kind,
+                    outcome.log_tail)
+    return "failed"
+
+
+def _record_failure(rt: Runtime, run_id: int, spec_json: dict, kind: str, message: str, tail: str) -> None:
+    """failed(kind) with the message and the log's tail (in the message and in result.error.traceback_tail)."""
+    text = f"{message}\n--- log tail ---\n{tail[-TAIL_IN_MESSAGE_CHARS:]}" if tail else message
+    try:
+        run_key = RunSpec.model_validate(spec_json).run_key()
+    except ValueError:
+        run_key = "invalid-spec"
+    result = RunResult(run_key=run_key, status="failed",
+                       error=RunError(kind=kind, message=text[:20000], traceback_tail=tail or None))
+    with_db(rt, lambda s: db_runs.record_result(s, run_id, result), f"run {run_id}: record failure",
+            retry_forever=True)
+    log.warning("run %d: failed (%s): %s", run_id, kind, message)
+
+
+def requeue_for_retry(session: Session, run_id: int, reason: str) -> bool:
+    """running|pending -> queued (undispatched) for another attempt, unless a cancel is pending."""
+    stmt = (sa.update(Run)
+            .where(Run.id == run_id, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False))
+            .values(status="queued", dispatched_at=None, worker=None, host=None, lease_expires_at=None,
+                    error_kind=None, error_message=f"retrying after an infrastructure failure: {reason}"[:2000]))
+    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1

@@ -1,0 +1,126 @@
+"""The reaper: no run is ever left `running` without a live worker.
+
+One pass (`reap_once`):
+1. recover finished run dirs: an active run whose worker is gone (lease expired, or a dead pid on this host)
+   but whose result.json is on disk is recorded from it (e.g. the database was down when it finished);
+2. reap expired leases (db.runs.reap_expired): back to queued while attempts remain, else failed
+   `worker_lost`; processes of reaped runs still alive on this host are ended (extra safety: PDEATHSIG
+   normally took them down with their worker);
+3. requeued runs (and queued runs whose publish failed: dispatched_at NULL) are published again.
+
+`python -m worker.reaper` runs passes in a loop (the scheduler of `scalebench up` and of compose's beat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import sqlalchemy as sa
+from celery import Celery
+from sqlalchemy.orm import Session
+
+from db import runs as db_runs
+from db.models import ACTIVE_STATUSES, Run, utcnow
+from worker import procs
+from worker.celery_app import make_celery
+from worker.dispatch import dispatch_pending
+from worker.execution import with_db
+from worker.launchers.base import SPEC_FILE, LaunchHandle, read_result
+from worker.runtime import Runtime, get_runtime
+
+log = logging.getLogger(__name__)
+
+
+def _owner_is_dead(run: Run, host: str, now: datetime) -> bool:
+    if run.lease_expires_at is not None and run.lease_expires_at < now:
+        return True
+    if run.host == host and run.worker and ":" in run.worker:
+        pid = run.worker.rsplit(":", 1)[1]
+        return pid.isdigit() and not procs.is_alive(int(pid))
+    return False
+
+
+def _processes_alive(run_dir: Path) -> bool:
+    return bool(procs.pids_with_arg(str(run_dir / SPEC_FILE)))
+
+
+def recover_finished_runs(rt: Runtime) -> list[int]:
+    """Record active runs whose worker is gone but whose result.json is on disk. Returns their ids."""
+    now = utcnow()
+
+    def candidates(s: Session) -> list[Run]:
+        return list(s.scalars(sa.select(Run).where(Run.status.in_(ACTIVE_STATUSES), Run.run_dir.is_not(None))))
+
+    recovered = []
+    for run in with_db(rt, candidates, "recover: list active runs"):
+        run_dir = Path(run.run_dir or "")
+        if not run_dir.is_dir() or not _owner_is_dead(run, rt.host, now) or _processes_alive(run_dir):
+            continue
+        result, _why = read_result(run_dir)
+        if result is None:
+            continue
+        if with_db(rt, lambda s, r=result, i=run.id: db_runs.record_result(s, i, r), f"recover run {run.id}"):
+            log.warning("run %d: recorded from %s (its worker was gone)", run.id, run_dir / "result.json")
+            recovered.append(run.id)
+    return recovered
+
+
+def _end_leftovers(rt: Runtime, run_ids: list[int]) -> None:
+    """Processes of reaped runs still alive on this host are ended (the run was given up or requeued)."""
+    if not run_ids:
+        return
+    dirs = with_db(rt, lambda s: list(s.execute(sa.select(Run.id, Run.run_dir).where(Run.id.in_(run_ids)))),
+                   "reap: run dirs")
+    for run_id, run_dir in dirs:
+        if not run_dir or not Path(run_dir).is_dir():
+            continue
+        handle = LaunchHandle.load(run_dir)
+        pgid = None
+        if handle and handle.pid and procs.is_alive(handle.pid, handle.extra.get("start_ticks")):
+            pgid = handle.extra.get("pgid", handle.pid)
+        if pgid is not None or _processes_alive(Path(run_dir)):
+            log.warning("run %d: reaped but its processes are alive here: ending them", run_id)
+            procs.terminate_run_processes(pgid, str(Path(run_dir) / SPEC_FILE), grace_s=5.0)
+
+
+def reap_once(rt: Runtime, celery: Celery | None = None) -> dict[str, list[int]]:
+    """One pass: recover finished run dirs, reap expired leases, (re)publish undispatched queued runs."""
+    recovered = recover_finished_runs(rt)
+    max_attempts = rt.settings.max_infra_retries + 1
+    requeued, failed = with_db(rt, lambda s: db_runs.reap_expired(s, max_attempts=max_attempts), "reap leases")
+    _end_leftovers(rt, requeued + failed)
+    published: list[int] = []
+    if celery is not None:  # requeued runs have dispatched_at NULL, like runs whose first publish failed
+        published = dispatch_pending(rt.session_factory, celery).published
+    return {"recovered": recovered, "requeued": requeued, "failed": failed, "published": published}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="scalebench reaper/scheduler loop")
+    parser.add_argument("--interval-s", type=float, default=5.0)
+    parser.add_argument("--once", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    rt = get_runtime()
+    celery = make_celery(rt.settings)
+    log.info("reaper: pass every %.1f s (pid %d)", args.interval_s, os.getpid())
+    while not stop:
+        try:
+            reap_once(rt, celery)
+        except sa.exc.OperationalError as exc:
+            log.warning("reaper: database unavailable (%s)", exc.__class__.__name__)
+        if args.once:
+            break
+        time.sleep(args.interval_s)
+
+
+if __name__ == "__main__":
+    main()

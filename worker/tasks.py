@@ -1,0 +1,58 @@
+"""Celery tasks: thin adapters over worker.execution (take an id, call one domain function, return).
+
+Registered with `shared_task`, so they bind to whichever app the process made with
+`make_celery(include=["worker.tasks"])` (worker/main.py for the `celery` CLI).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import sqlalchemy as sa
+from celery import current_app, shared_task
+from celery.signals import worker_process_init, worker_ready
+
+from worker import execution
+from worker.celery_app import TASK_EXECUTE_RUN
+from worker.dispatch import dispatch_runs
+from worker.reaper import reap_once, recover_finished_runs
+from worker.runtime import get_runtime, reset_runtime
+
+log = logging.getLogger(__name__)
+TASK_REAP = "scalebench.reap"
+CLAIM_RETRY_BACKOFF_MAX_S = 60
+
+
+@shared_task(name=TASK_EXECUTE_RUN, bind=True, acks_late=True,
+             autoretry_for=(sa.exc.OperationalError, sa.exc.InterfaceError),  # database down at claim time
+             retry_backoff=True, retry_backoff_max=CLAIM_RETRY_BACKOFF_MAX_S, max_retries=None)
+def execute_run(self, run_id: int) -> str:
+    rt = get_runtime()
+
+    def republish(rid: int) -> None:  # an infrastructure retry goes back on its cluster's queue
+        execution.with_db(rt, lambda s: dispatch_runs(s, self.app, [rid]), f"run {rid}: republish")
+
+    return execution.execute_run(rt, int(run_id), republish=republish)
+
+
+@shared_task(name=TASK_REAP, acks_late=False)
+def reap() -> dict[str, list[int]]:
+    """One reaper pass (for a Celery beat schedule; `python -m worker.reaper` runs the same pass in a loop)."""
+    return reap_once(get_runtime(), current_app)
+
+
+@worker_process_init.connect
+def _fresh_runtime(**_kwargs) -> None:
+    # A forked pool child must not reuse the parent's pooled connections.
+    reset_runtime()
+
+
+@worker_ready.connect
+def _recover_on_start(**_kwargs) -> None:
+    """A restarted worker first records runs that finished while it (or the database) was down."""
+    try:
+        recovered = recover_finished_runs(get_runtime())
+        if recovered:
+            log.warning("recovered finished runs on start: %s", recovered)
+    except sa.exc.OperationalError as exc:
+        log.warning("recover on start: database unavailable (%s); the reaper will retry", exc.__class__.__name__)
