@@ -1,0 +1,71 @@
+"""The FastAPI app factory. Nothing is created at import: engine, sessions, Celery app, clusters and the
+background dispatcher live in the lifespan.
+
+Run it: `uvicorn api.app:create_app --factory`. Routers: add one line to ROUTERS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, FastAPI
+
+from api.dispatcher import dispatcher_loop
+from api.problems import install_problem_handlers
+from api.routers import clusters, experiments, health, runs
+from core.clusters import load_clusters
+from core.settings import Settings
+from db.session import make_engine, make_session_factory
+from worker.celery_app import make_celery
+
+log = logging.getLogger(__name__)
+
+ROUTERS: list[APIRouter] = [
+    experiments.router,
+    runs.router,
+    clusters.router,
+    health.router,
+]
+
+DESCRIPTION = """\
+scalebench measures how FP8 training throughput scales with GPU count.
+
+POST an experiment (a model, GPU counts, precisions, parallelism layouts); the service expands the matrix
+into runs, queues them on the cluster's workers, stores every result, and answers with scaling curves.
+Writes need `Authorization: Bearer <token>` (`scalebench token create`). Errors are
+`application/problem+json` (RFC 9457) with `errors: [{field, message, allowed}]`.
+"""
+
+
+def create_app(settings: Settings | None = None, *, dispatch_interval_s: float | None = 3.0) -> FastAPI:
+    """The API for `settings` (default: from the environment). dispatch_interval_s=None: no dispatcher."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        s = settings or Settings.from_env()
+        engine = make_engine(s.database_url)
+        app.state.settings, app.state.engine = s, engine
+        app.state.session_factory = make_session_factory(engine)
+        app.state.celery = make_celery(s)
+        app.state.clusters = load_clusters(s.clusters_file)
+        task = None
+        if dispatch_interval_s:
+            task = asyncio.create_task(dispatcher_loop(app.state.session_factory, app.state.celery,
+                                                       dispatch_interval_s))
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            engine.dispose()
+
+    app = FastAPI(title="scalebench", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    install_problem_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

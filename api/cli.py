@@ -1,0 +1,28 @@
+"""The `scalebench` command. Command groups live in their own modules (api/commands/*, or another
+package's module) and are registered here in GROUPS, one line each."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from api.commands import token
+
+app = typer.Typer(name="scalebench", help="scalebench: scaling-efficiency experiments for FP8 training.",
+                  no_args_is_help=True)
+
+GROUPS: list[tuple[str, typer.Typer]] = [
+    ("token", token.app),
+]
+for _name, _group in GROUPS:
+    app.add_typer(_group, name=_name)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":
+    main()

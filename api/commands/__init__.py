@@ -1,0 +1,1 @@
+"""CLI command groups; api.cli.GROUPS registers each (add a module here and one line there)."""

@@ -1,0 +1,82 @@
+"""Annotated dependencies: the request's session, app state (settings, celery, clusters), and auth.
+
+The session is owned by the request: opened here, closed after the response; endpoints commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from api.problems import FieldError, ProblemError
+from core.clusters import Cluster
+from core.settings import Settings
+from db.models import ApiToken
+from db.tokens import verify_token
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_celery(request: Request) -> Celery:
+    return request.app.state.celery
+
+
+def get_clusters(request: Request) -> dict[str, Cluster]:
+    return request.app.state.clusters
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+CeleryDep = Annotated[Celery, Depends(get_celery)]
+ClustersDep = Annotated[dict[str, Cluster], Depends(get_clusters)]
+
+_BEARER_HEADERS = {"WWW-Authenticate": 'Bearer realm="scalebench"'}
+
+
+def _unauthorized(message: str) -> ProblemError:
+    return ProblemError(401, message, [FieldError(field="header.Authorization", message=message,
+                                                  allowed=["Bearer <token>"])], headers=_BEARER_HEADERS)
+
+
+def _check_bearer(session: Session, authorization: str | None) -> ApiToken:
+    if not authorization:
+        raise _unauthorized("missing Authorization header (create a token with `scalebench token create`)")
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _unauthorized("Authorization must be 'Bearer <token>'")
+    row = verify_token(session, token)
+    if row is None:
+        raise _unauthorized("unknown or revoked token")
+    session.commit()  # last_used_at (touched at most once a minute)
+    return row
+
+
+def require_token(session: SessionDep,
+                  authorization: Annotated[str | None, Header(description="Bearer <token>")] = None) -> ApiToken:
+    """Writes: a valid `Authorization: Bearer <token>`."""
+    return _check_bearer(session, authorization)
+
+
+def read_access(session: SessionDep, settings: SettingsDep,
+                authorization: Annotated[str | None, Header(description="Bearer <token> (when reads require one)")] = None
+                ) -> ApiToken | None:
+    """Reads: open unless settings.require_read_token."""
+    if not settings.require_read_token:
+        return None
+    return _check_bearer(session, authorization)
+
+
+WriteAuth = Annotated[ApiToken, Depends(require_token)]
+ReadAuth = Annotated[ApiToken | None, Depends(read_access)]

@@ -1,0 +1,142 @@
+"""Every error is application/problem+json (RFC 9457) with `errors: [{field, message, allowed?}]`.
+
+One place maps request validation errors, HTTP errors, domain errors and unexpected exceptions to problems.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import DataError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core.specs import LAYOUT_FORMS, ExperimentSpec
+
+log = logging.getLogger(__name__)
+PROBLEM_TYPE = "application/problem+json"
+TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+          405: "Method Not Allowed", 409: "Conflict", 415: "Unsupported Media Type",
+          422: "Unprocessable Content", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Path of the failing field, e.g. `gpu_counts[0]`, `query.limit`, `header.Authorization`.")
+    message: str
+    allowed: list[Any] | None = Field(None, description="Allowed values, when the set is finite.")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[FieldError] = []
+
+
+class ProblemError(Exception):
+    """A domain error the API turns into a problem response."""
+
+    def __init__(self, status: int, detail: str, errors: list[FieldError] | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(detail)
+        self.status, self.detail, self.errors = status, detail, errors or []
+        self.headers, self.extra = headers, extra
+
+
+def problem_response(request: Request, status: int, detail: str | None, errors: list[FieldError] | None = None,
+                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    body = Problem(title=TITLES.get(status, "Error"), status=status, detail=detail,
+                   instance=request.url.path, errors=errors or []).model_dump(mode="json")
+    return JSONResponse(body | extra, status_code=status, headers=headers, media_type=PROBLEM_TYPE)
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": TITLES[code], "content": {PROBLEM_TYPE: {}}}
+    for code in (401, 404, 409, 422)
+}
+
+# ------------------------------------------------------------------------------ validation error mapping
+
+_EXPECTED_RE = re.compile(r"'([^']*)'")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    """('body', 'gpu_counts', 0) -> 'gpu_counts[0]'; ('query', 'limit') -> 'query.limit'."""
+    parts = list(loc)
+    prefix = ""
+    if parts and parts[0] in ("query", "path", "header", "cookie"):
+        prefix = f"{parts.pop(0)}."
+    elif parts and parts[0] == "body":
+        parts.pop(0)
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return prefix + (out or "body")
+
+
+def _allowed(err: dict[str, Any]) -> list[Any] | None:
+    kind, ctx = err.get("type", ""), err.get("ctx") or {}
+    if kind in ("literal_error", "enum") and "expected" in ctx:
+        return _EXPECTED_RE.findall(str(ctx["expected"])) or None
+    if kind == "extra_forbidden" and err.get("loc", ("",))[0] == "body":
+        return sorted(ExperimentSpec.model_fields)
+    if "layout" in str(err.get("msg", "")) and LAYOUT_FORMS in str(err.get("msg", "")):
+        return ["fsdp", "ddp", "hsdp:shard=S", "tp=T", "tp=T+fsdp"]
+    return None
+
+
+def validation_errors(errors: list[dict[str, Any]]) -> list[FieldError]:
+    return [FieldError(field=_field_path(tuple(e.get("loc", ()))),
+                       message=str(e.get("msg", "invalid value")).removeprefix("Value error, "),
+                       allowed=_allowed(e)) for e in errors]
+
+
+# ------------------------------------------------------------------------------------------- handlers
+
+
+async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = validation_errors(list(exc.errors()))
+    detail = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
+    return problem_response(request, 422, f"invalid request: {detail}", errors)
+
+
+async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return problem_response(request, exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+
+async def _on_problem(request: Request, exc: ProblemError) -> JSONResponse:
+    return problem_response(request, exc.status, exc.detail, exc.errors, exc.headers, **exc.extra)
+
+
+async def _on_data_error(request: Request, exc: DataError) -> JSONResponse:
+    # The database refused a value the validators let through: a client error, but also a gap to close.
+    log.warning("database refused a value on %s: %s", request.url.path, exc.orig)
+    return problem_response(request, 422, f"the database refused a value: {type(exc.orig).__name__}")
+
+
+async def _on_db_down(request: Request, exc: OperationalError) -> JSONResponse:
+    log.error("database unavailable on %s: %s", request.url.path, exc.orig)
+    return problem_response(request, 503, "database unavailable", headers={"Retry-After": "5"})
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return problem_response(request, 500, f"internal error: {type(exc).__name__}")
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(ProblemError, _on_problem)
+    app.add_exception_handler(DataError, _on_data_error)
+    app.add_exception_handler(OperationalError, _on_db_down)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,185 @@
+"""Experiments: create (expand the matrix, store, enqueue after commit), list, read, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Path, Query, Response
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
+from api.schemas import (CancelRead, ExperimentCreated, ExperimentPage, ExperimentRead, ExperimentStatusName,
+                         RunBrief, decode_cursor, encode_cursor, experiment_brief, experiment_read, skipped_read)
+from core.clusters import Cluster
+from core.matrix import MatrixError, SkippedPoint, expand
+from core.specs import ExperimentSpec, RunSpec
+from db import experiments as q
+from db.experiments import ExperimentStatus
+from db.models import RUN_STATUSES, Experiment
+from worker.dispatch import dispatch_runs
+
+router = APIRouter(prefix="/experiments", tags=["experiments"])
+
+MAX_RUNS_PER_EXPERIMENT = 4096
+NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
+ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
+EXAMPLE = ExperimentSpec.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
+BROKER_DOWN_NOTE = "runs stay queued; the dispatcher publishes them when the broker answers again"
+
+
+def _bad_strings(value: Any, path: str = "") -> list[FieldError]:
+    """Strings PostgreSQL cannot store (NUL) or UTF-8 cannot encode (lone surrogates), with their paths."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return [FieldError(field=path, message="contains an unpaired surrogate (not valid UTF-8)")]
+        return [FieldError(field=path, message="contains a NUL character")] if "\x00" in value else []
+    if isinstance(value, dict):
+        return [e for k, v in value.items() for e in _bad_strings(v, f"{path}.{k}" if path else k)]
+    if isinstance(value, list):
+        return [e for i, v in enumerate(value) for e in _bad_strings(v, f"{path}[{i}]")]
+    return []
+
+
+def _cluster(spec: ExperimentSpec, clusters: dict[str, Cluster]) -> Cluster:
+    if spec.cluster not in clusters:
+        raise ProblemError(422, f"unknown cluster {spec.cluster!r}", [FieldError(
+            field="cluster", message=f"unknown cluster {spec.cluster!r}", allowed=sorted(clusters))])
+    return clusters[spec.cluster]
+
+
+def _expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[SkippedPoint]]:
+    try:
+        runs, skipped = expand(spec, cluster)
+    except MatrixError as exc:
+        errors = [FieldError(field="matrix", message=f"{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}")
+                  for p in exc.skipped]
+        raise ProblemError(422, "the matrix has no valid point", errors,
+                           skipped=[s.model_dump() for s in skipped_read(exc.skipped)]) from exc
+    if len(runs) > MAX_RUNS_PER_EXPERIMENT:
+        raise ProblemError(422, f"the matrix expands to {len(runs)} runs; the limit is {MAX_RUNS_PER_EXPERIMENT}",
+                           [FieldError(field="matrix", message="reduce gpu_counts, precisions, layouts or repeats")])
+    return runs, skipped
+
+
+def _request_hash(spec: ExperimentSpec) -> str:
+    blob = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _skipped_again(exp: Experiment, clusters: dict[str, Cluster]) -> list[SkippedPoint]:
+    """Skipped points of a stored experiment (expansion is deterministic); [] if its cluster changed."""
+    cluster = clusters.get(exp.cluster)
+    try:
+        return expand(ExperimentSpec.model_validate(exp.spec), cluster)[1] if cluster else []
+    except ValueError:
+        return []
+
+
+def _replay(session: Session, exp: Experiment, request_hash: str, clusters: dict[str, Cluster],
+            response: Response) -> dict[str, Any]:
+    """The stored answer for a repeated Idempotency-Key, or 409 when the body differs."""
+    if exp.request_hash != request_hash:
+        raise ProblemError(409, "Idempotency-Key was already used with another request body", [FieldError(
+            field="header.Idempotency-Key", message=f"already used for experiment {exp.id} with another body")])
+    runs = q.list_runs(session, exp.id, limit=MAX_RUNS_PER_EXPERIMENT)
+    skipped = _skipped_again(exp, clusters)
+    undispatched = [r.id for r in runs if r.status == "queued" and r.dispatched_at is None]
+    response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/experiments/{exp.id}"
+    return experiment_read(exp, q.experiment_status(session, exp.id)) | {
+        "runs": [RunBrief.model_validate(r, from_attributes=True) for r in runs],
+        "skipped": skipped_read(skipped), "dispatched": not undispatched,
+        "dispatch_message": f"{len(undispatched)} runs not yet published; {BROKER_DOWN_NOTE}" if undispatched else None}
+
+
+@router.post("", status_code=201, response_model=ExperimentCreated,
+             responses={**PROBLEM_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
+             summary="Create an experiment: expand the matrix into runs and enqueue them")
+def create_experiment(
+    spec: Annotated[ExperimentSpec, Body(openapi_examples={"llama3-8b": {"summary": "8B fsdp fp8 scaling",
+                                                                          "value": EXAMPLE}})],
+    session: SessionDep, celery: CeleryDep, clusters: ClustersDep, _auth: WriteAuth, response: Response,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", min_length=1, max_length=200, pattern=NO_CONTROL_CHARS,
+        description="Repeat-safe creation: the same key and body return the same experiment; "
+                    "the same key with another body is a 409.")] = None,
+) -> Any:
+    """Expands precision x layout x N x repeat into runs (points that cannot exist are skipped, with
+    reasons), stores the experiment and its runs, commits, then publishes one message per run on the
+    cluster's queue. If the broker is down the response says `dispatched: false` and a background
+    dispatcher publishes the runs later."""
+    if bad := _bad_strings(spec.model_dump(mode="json")):
+        raise ProblemError(422, "invalid characters in the request body", bad)
+    cluster = _cluster(spec, clusters)
+    request_hash = _request_hash(spec)
+    if idempotency_key and (existing := q.find_by_idempotency_key(session, idempotency_key)):
+        return _replay(session, existing, request_hash, clusters, response)
+    runs, skipped = _expand(spec, cluster)
+    try:
+        exp, run_ids = q.create_experiment(session, spec, runs, cluster.queue_name,
+                                           idempotency_key=idempotency_key, request_hash=request_hash)
+        session.commit()
+    except IntegrityError:  # a concurrent request with the same Idempotency-Key won the race
+        session.rollback()
+        existing = q.find_by_idempotency_key(session, idempotency_key) if idempotency_key else None
+        if existing is None:
+            raise
+        return _replay(session, existing, request_hash, clusters, response)
+    outcome = dispatch_runs(session, celery, run_ids)  # enqueue only after the commit
+    session.commit()
+    response.headers["Location"] = f"/experiments/{exp.id}"
+    counts = {s: 0 for s in RUN_STATUSES} | {"queued": len(run_ids)}
+    briefs = [RunBrief(id=i, run_key=r.run_key(), precision=r.precision, layout=r.layout,
+                       num_devices=r.num_devices, repeat=r.repeat, status="queued") for i, r in zip(run_ids, runs)]
+    message = None if outcome.ok else f"{outcome.error}; {len(run_ids) - len(outcome.published)} {BROKER_DOWN_NOTE}"
+    return experiment_read(exp, ExperimentStatus("queued", counts)) | {
+        "runs": briefs, "skipped": skipped_read(skipped), "dispatched": outcome.ok, "dispatch_message": message}
+
+
+@router.get("", response_model=ExperimentPage, responses=PROBLEM_RESPONSES, summary="List experiments")
+def list_experiments(
+    session: SessionDep, _auth: ReadAuth,
+    limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
+    cursor: Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")] = None,
+    status: Annotated[ExperimentStatusName | None, Query(description="Derived experiment status.")] = None,
+    tag: Annotated[str | None, Query(min_length=1, max_length=64, pattern=NO_CONTROL_CHARS)] = None,
+    cluster: Annotated[str | None, Query(min_length=1, max_length=100, pattern=NO_CONTROL_CHARS)] = None,
+) -> ExperimentPage:
+    """Newest first, keyset-paginated; filters combine with AND."""
+    rows = q.list_experiments(session, limit=limit, before_id=decode_cursor(cursor), status=status, tag=tag,
+                              cluster=cluster)
+    page, more = rows[:limit], len(rows) > limit
+    statuses = q.statuses_for(session, [e.id for e in page])
+    return ExperimentPage(items=[experiment_brief(e, statuses[e.id]) for e in page],
+                          next_cursor=encode_cursor(page[-1].id) if more else None)
+
+
+def _get_or_404(session: Session, experiment_id: int) -> Experiment:
+    exp = q.get_experiment(session, experiment_id)
+    if exp is None:
+        raise ProblemError(404, f"experiment {experiment_id} does not exist")
+    return exp
+
+
+@router.get("/{experiment_id}", response_model=ExperimentRead, responses=PROBLEM_RESPONSES,
+            summary="An experiment: spec, status derived from its runs, counts per status, progress")
+def get_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth) -> Any:
+    exp = _get_or_404(session, experiment_id)
+    return experiment_read(exp, q.experiment_status(session, exp.id))
+
+
+@router.post("/{experiment_id}/cancel", response_model=CancelRead, responses=PROBLEM_RESPONSES,
+             summary="Cancel: queued runs become cancelled; running runs are marked for their worker")
+def cancel_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: WriteAuth) -> CancelRead:
+    _get_or_404(session, experiment_id)
+    num_cancelled, num_marked = q.cancel_experiment(session, experiment_id)
+    session.commit()
+    status = q.experiment_status(session, experiment_id).status
+    return CancelRead(experiment_id=experiment_id, num_cancelled=num_cancelled, num_cancel_requested=num_marked,
+                      status=status)  # type: ignore[arg-type]

@@ -1,0 +1,79 @@
+"""Runs: those of an experiment, one run (summary, error, Slurm job id, steps), its steps, its log tail."""
+
+from __future__ import annotations
+
+from pathlib import Path as FsPath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import PlainTextResponse
+
+from api.deps import ReadAuth, SessionDep
+from api.problems import PROBLEM_RESPONSES, ProblemError
+from api.schemas import (RunDetail, RunPage, RunStatus, decode_cursor, encode_cursor, run_read, step_dict,
+                         summary_dict)
+from db import experiments as eq
+from db import runs as rq
+from db.models import Run
+from worker.launchers.base import LOG_FILE, log_tail
+
+router = APIRouter(tags=["runs"])
+RunId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Run id.")]
+ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
+
+
+@router.get("/experiments/{experiment_id}/runs", response_model=RunPage, responses=PROBLEM_RESPONSES,
+            summary="Runs of an experiment, in id order")
+def list_runs(
+    experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    cursor: Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")] = None,
+    status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
+) -> RunPage:
+    if eq.get_experiment(session, experiment_id) is None:
+        raise ProblemError(404, f"experiment {experiment_id} does not exist")
+    rows = eq.list_runs(session, experiment_id, limit=limit, after_id=decode_cursor(cursor), status=status)
+    page, more = rows[:limit], len(rows) > limit
+    return RunPage(items=[run_read(r) for r in page], next_cursor=encode_cursor(page[-1].id) if more else None)
+
+
+def _run_or_404(session, run_id: int) -> Run:  # noqa: ANN001
+    run = rq.get_run(session, run_id)
+    if run is None:
+        raise ProblemError(404, f"run {run_id} does not exist")
+    return run
+
+
+@router.get("/runs/{run_id}", response_model=RunDetail, responses=PROBLEM_RESPONSES,
+            summary="One run: spec, status, summary, error, Slurm job id, links to steps and log")
+def get_run(run_id: RunId, session: SessionDep, _auth: ReadAuth,
+            include_steps: Annotated[bool, Query(description="Inline the per-step metrics.")] = False) -> Any:
+    run = _run_or_404(session, run_id)
+    data = run_read(run).model_dump()
+    steps = [step_dict(s) for s in rq.get_steps(session, run_id)] if include_steps else None
+    return data | {
+        "spec": run.spec, "heartbeat_at": run.heartbeat_at, "lease_expires_at": run.lease_expires_at,
+        "run_dir": run.run_dir, "imported": run.imported, "result": run.result,
+        "error": {"kind": run.error_kind, "message": run.error_message} if run.error_kind else None,
+        "summary": summary_dict(rq.get_summary(session, run_id)), "steps": steps,
+        "links": {"self": f"/runs/{run_id}", "steps": f"/runs/{run_id}/steps", "log": f"/runs/{run_id}/log",
+                  "experiment": f"/experiments/{run.experiment_id}"},
+    }
+
+
+@router.get("/runs/{run_id}/steps", response_model=list[dict[str, Any]], responses=PROBLEM_RESPONSES,
+            summary="Per-step metrics of a run (loss, step_ms, tokens, grad_norm, lr, warmup)")
+def get_steps(run_id: RunId, session: SessionDep, _auth: ReadAuth) -> Any:
+    _run_or_404(session, run_id)
+    return [step_dict(s) for s in rq.get_steps(session, run_id)]
+
+
+@router.get("/runs/{run_id}/log", response_class=PlainTextResponse, responses=PROBLEM_RESPONSES,
+            summary="Tail of the run's log.txt (merged stdout/stderr of the runner)")
+def get_log(run_id: RunId, session: SessionDep, _auth: ReadAuth,
+            tail_bytes: Annotated[int, Query(ge=1, le=1 << 20, description="Bytes from the end.")] = 65536,
+            ) -> PlainTextResponse:
+    run = _run_or_404(session, run_id)
+    if not run.run_dir or not (FsPath(run.run_dir) / LOG_FILE).is_file():
+        raise ProblemError(404, f"run {run_id} has no log yet (status {run.status})")
+    return PlainTextResponse(log_tail(run.run_dir, max_bytes=tail_bytes))
