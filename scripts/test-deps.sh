@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# System packages the slow tests need (browser, Slurm), installed once; each is skipped if present.
+# System packages the slow tests need (browser, Slurm, compose CLI for tests/test_compose.py), installed once; each is skipped if present.
 set -u
 need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v sbatch >/dev/null || need+=(slurm-wlm munge)
+command -v docker-compose >/dev/null || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]} (Debian packages) for the browser and Slurm tests"
   if [ "$(id -u)" = 0 ]; then
