@@ -7,7 +7,6 @@ long-running API process and nothing needs a display.
 from __future__ import annotations
 
 import io
-import logging
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -17,7 +16,6 @@ from matplotlib.transforms import blended_transform_factory
 
 from core.scaling import ScalingReport, Series
 
-log = logging.getLogger(__name__)
 
 PRECISION_COLORS = {"bf16": "#1f77b4", "fp8-tensorwise": "#ff7f0e", "fp8-rowwise": "#2ca02c",
                     "fp8-rowwise-gw-hp": "#9467bd", "fp32": "#7f7f7f"}
