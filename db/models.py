@@ -167,3 +167,7 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)  # sha256 hex of the token
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
+
+
+# The nightly schedule's tables live in their own module, on the same MetaData (imported last: it needs Base).
+from db import models_nightly  # noqa: E402,F401

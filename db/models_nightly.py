@@ -1,0 +1,130 @@
+"""Models of the nightly schedule (issue 7): suites, their evaluations, regressions, webhooks, deliveries.
+
+Same MetaData as db.models (imported at the bottom of db/models.py). `experiments.suite_id` (an indexed
+int, no FK: adding one would rebuild the experiments table on SQLite) names the suite that fired it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from db.models import Base, _enum_check, utcnow
+
+DEFAULT_SCHEDULE = "0 2 * * *"  # 02:00 UTC every night
+REGRESSION_STATUSES = ("suspected", "confirmed", "recovered", "improved", "failed")
+RESOLUTIONS = ("recovered", "manual")
+DELIVERY_STATUSES = ("pending", "delivered", "failed")
+WEBHOOK_EVENTS = ("regression.suspected", "regression.confirmed", "regression.failed", "regression.recovered",
+                  "regression.improved")
+DEFAULT_WEBHOOK_EVENTS = ["regression.confirmed"]
+
+
+class Suite(Base):
+    """A saved experiment template fired on a cron schedule; its experiments carry suite_id."""
+
+    __tablename__ = "suites"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200), unique=True)
+    spec: Mapped[dict[str, Any]]  # ExperimentSpec JSON (the template; cluster overridden by `cluster`)
+    cluster: Mapped[str] = mapped_column(sa.String(100))
+    schedule: Mapped[str] = mapped_column(sa.String(100), default=DEFAULT_SCHEDULE)  # 5-field cron, UTC
+    enabled: Mapped[bool] = mapped_column(default=True)
+    thresholds: Mapped[dict[str, Any]] = mapped_column(default=dict)  # metric -> fraction (limit for fp8_loss_gap)
+    baseline_nights: Mapped[int] = mapped_column(default=7)  # K: baseline = median of the last K good nights
+    last_fired_at: Mapped[datetime | None]
+    next_fire_at: Mapped[datetime | None] = mapped_column(index=True)  # claimed by compare-and-set
+    last_error: Mapped[str | None] = mapped_column(sa.Text)  # why the last firing created no experiment
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SuiteEvaluation(Base):
+    """One row per suite experiment whose results were checked for regressions (inserted with the findings,
+    so a second beat process checking the same experiment fails on the primary key and rolls back)."""
+
+    __tablename__ = "suite_evaluations"
+
+    experiment_id: Mapped[int] = mapped_column(sa.ForeignKey("experiments.id", ondelete="CASCADE"),
+                                               primary_key=True)
+    suite_id: Mapped[int] = mapped_column(sa.ForeignKey("suites.id", ondelete="CASCADE"), index=True)
+    evaluated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    num_points: Mapped[int] = mapped_column(default=0)
+    num_findings: Mapped[int] = mapped_column(default=0)
+
+
+class Regression(Base):
+    """One episode of one series point (run key + cluster) and metric: opened `suspected` (or `failed`),
+    `confirmed` the next bad night, closed `recovered` (or resolved by hand); `improved` rows are records."""
+
+    __tablename__ = "regressions"
+    __table_args__ = (
+        _enum_check("status", REGRESSION_STATUSES),
+        sa.Index("ix_regressions_point", "suite_id", "run_key", "cluster", "metric"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    suite_id: Mapped[int] = mapped_column(sa.ForeignKey("suites.id", ondelete="CASCADE"))
+    run_key: Mapped[str] = mapped_column(sa.String(64))
+    cluster: Mapped[str] = mapped_column(sa.String(100))
+    metric: Mapped[str] = mapped_column(sa.String(64), index=True)
+    point: Mapped[dict[str, Any]] = mapped_column(default=dict)  # model, precision, layout, num_devices (labels)
+    status: Mapped[str] = mapped_column(sa.String(16), index=True)
+    baseline: Mapped[float | None]
+    band_low: Mapped[float | None]
+    band_high: Mapped[float | None]
+    value: Mapped[float | None]  # the latest night's value
+    delta_pct: Mapped[float | None]  # (value / baseline - 1) * 100
+    message: Mapped[str] = mapped_column(sa.Text, default="")
+    first_bad_experiment_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("experiments.id", ondelete="SET NULL"))
+    first_bad_run_id: Mapped[int | None] = mapped_column(sa.ForeignKey("runs.id", ondelete="SET NULL"))
+    last_good_run_id: Mapped[int | None] = mapped_column(sa.ForeignKey("runs.id", ondelete="SET NULL"))
+    latest_experiment_id: Mapped[int | None] = mapped_column(sa.ForeignKey("experiments.id", ondelete="SET NULL"))
+    env_diff: Mapped[dict[str, Any] | None]  # core.regression.EnvDiff: changed keys first (the likely cause)
+    events: Mapped[list[Any]] = mapped_column(default=list)  # [{at, state, experiment_id, run_id, value}]
+    num_bad_nights: Mapped[int] = mapped_column(default=0)
+    resolution: Mapped[str | None] = mapped_column(sa.String(16))  # recovered | manual, once closed
+    acknowledged_at: Mapped[datetime | None]
+    resolved_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Webhook(Base):
+    __tablename__ = "webhooks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    url: Mapped[str] = mapped_column(sa.String(2000))
+    secret: Mapped[str] = mapped_column(sa.String(200))  # HMAC-SHA256 key (kept: the sender needs it)
+    events: Mapped[list[Any]] = mapped_column(default=list)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """An outbox row per (webhook, event): attempted until delivered (2xx) or out of attempts."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        _enum_check("status", DELIVERY_STATUSES),
+        sa.Index("ix_webhook_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(sa.ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
+    regression_id: Mapped[int | None] = mapped_column(sa.ForeignKey("regressions.id", ondelete="SET NULL"))
+    event: Mapped[str] = mapped_column(sa.String(64))
+    payload: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(sa.String(16), default="pending")
+    attempt: Mapped[int] = mapped_column(default=0)  # attempts made so far
+    status_code: Mapped[int | None]  # of the last attempt
+    error: Mapped[str | None] = mapped_column(sa.Text)  # of the last attempt
+    attempts_log: Mapped[list[Any]] = mapped_column(default=list)  # [{attempt, at, status_code, error, duration_ms}]
+    next_attempt_at: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
