@@ -1,0 +1,148 @@
+"""Failures are results: invalid_config, oom, comm_timeout, error (core.specs.ERROR_KINDS, runner part).
+
+Steps measured before a failure are kept. A test hook, SCALEBENCH_FAULT="kind:step:rank" (kind one of
+error, oom, hang), makes one rank fail after that step, so the failure paths run for real under torchrun.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from core.models import get_shape
+from core.specs import Numerics, RunError, RunResult, RunSpec
+
+log = logging.getLogger(__name__)
+
+FAULT_KINDS = ("error", "oom", "hang")
+
+
+class InvalidConfig(ValueError):
+    """The spec cannot run here; raised before any device work."""
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def validate(spec: RunSpec, world_size: int) -> None:
+    """Raise InvalidConfig naming the field and the reason. Device-free checks only."""
+    d = spec.degrees
+    problems = []
+    if world_size != d.world_size:
+        problems.append(f"degrees.world_size({d.world_size}) != launched world size({world_size})")
+    if d.dp_mode == "none" and d.dp_degree > 1:
+        problems.append(f"dp_mode none with dp_replicate({d.dp_replicate}) * dp_shard({d.dp_shard}) > 1")
+    shape = get_shape(spec.model, spec.num_layers)
+    for field, value in (("num_heads", shape.num_heads), ("num_kv_heads", shape.num_kv_heads),
+                         ("ffn_hidden_dim", shape.ffn_hidden_dim), ("vocab_size", shape.vocab_size),
+                         ("seq_len", spec.seq_len)):
+        if value % d.tp:
+            problems.append(f"{field}({value}) of model {spec.model} is not divisible by tp({d.tp})")
+    if spec.device_type == "cuda":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if not torch.cuda.is_available():
+            problems.append("device_type cuda, but torch sees no CUDA/ROCm device")
+        elif torch.cuda.device_count() < local_world:
+            problems.append(f"{local_world} ranks on this host but only {torch.cuda.device_count()} devices")
+    if problems:
+        raise InvalidConfig("; ".join(problems))
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, InvalidConfig):
+        return "invalid_config"
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "oom"
+    if isinstance(exc, (dist.DistBackendError, TimeoutError)):
+        return "comm_timeout"
+    text = str(exc).lower()
+    if isinstance(exc, RuntimeError) and ("timed out" in text or "timeout" in text):
+        return "comm_timeout"  # gloo: "Timed out waiting ... for recv operation to complete"
+    return "error"
+
+
+class RunState:
+    """What a run has gathered so far; failed_result turns it into a result."""
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.device = None
+        self.created_group = False
+        self.info = None
+        self.environment = None
+        self.timer = None
+        self.device_log = None
+        self.num_float8_linears = None
+        self.lrs: list[float] = []
+        self.result: RunResult | None = None
+        self.failed = False
+
+    def cleanup(self) -> None:
+        # After a communication failure a collective may never return: leave the group to process exit.
+        if self.created_group and not self.failed and dist.is_initialized():
+            dist.destroy_process_group()
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def failed_result(spec: RunSpec, state: RunState, exc: BaseException) -> RunResult:
+    from runner.metrics import memory_at_failure, step_records
+
+    state.failed = True
+    kind = classify(exc)
+    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+    log.error("run failed (%s): %s\n%s", kind, exc, tail)
+    memory = memory_at_failure(state.device) if kind == "oom" and state.device is not None else None
+    steps, numerics = [], None
+    if state.timer is not None:
+        step_ms = _safe(state.timer.step_ms, [])
+        # Local losses only: a reduce could hang on a broken group.
+        losses, norms = _safe(lambda: state.device_log.read(reduce=False), ([], []))
+        steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
+        if losses:
+            numerics = Numerics(final_loss=losses[-1], loss_curve=losses)
+    error = RunError(kind=kind, message=f"{type(exc).__name__}: {exc}"[:20000], traceback_tail=tail,
+                     memory=memory)
+    return RunResult(run_key=spec.run_key(), status="failed", steps=steps, numerics=numerics,
+                     environment=state.environment, error=error)
+
+
+def _safe(fn, default):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - collecting what survived a failure
+        log.warning("could not collect partial metrics: %s", exc)
+        return default
+
+
+# ------------------------------------------------------------------------------------- test hook
+
+
+def fault_from_env() -> tuple[str, int, int] | None:
+    raw = os.environ.get("SCALEBENCH_FAULT")
+    if not raw:
+        return None
+    kind, step, rank = raw.split(":")
+    if kind not in FAULT_KINDS:
+        raise InvalidConfig(f"SCALEBENCH_FAULT kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+    return kind, int(step), int(rank)
+
+
+def maybe_inject(fault: tuple[str, int, int] | None, step: int) -> None:
+    if fault is None or fault[1] != step:
+        return
+    kind, _, rank = fault
+    if (dist.get_rank() if dist.is_initialized() else 0) != rank:
+        return
+    if kind == "oom":
+        raise torch.OutOfMemoryError(f"injected out-of-memory after step {step}")
+    if kind == "hang":
+        log.warning("injected hang after step %d", step)
+        time.sleep(3600)
+    raise InjectedFault(f"injected error after step {step}")

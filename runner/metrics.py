@@ -1,0 +1,122 @@
+"""Step timing, loss bookkeeping without per-step host syncs, and the Summary arithmetic of DESIGN.md.
+
+Definitions (DESIGN.md): tokens/s per device = global tokens per step / step time / N; TFLOP/s per device
+= FLOPs/token * that; MFU = TFLOP/s per device / peak dense TFLOP/s (bf16 peak, and the precision's own).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from core.specs import StepRecord, Summary
+
+GIB = 1024 ** 3
+
+
+class StepTimer:
+    """Per-step wall time. CUDA: events recorded on the stream, read once at the end (no sync per step).
+    CPU: every op has finished when it returns (execution is synchronous), so the host clock is exact."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._marks: list = []
+
+    def mark(self) -> None:
+        """Call before the first step and after every step."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks.append(ev)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def step_ms(self) -> list[float]:
+        """Milliseconds of each completed step. CUDA: CPU-GPU sync point (waits for the last event)."""
+        if len(self._marks) < 2:
+            return []
+        if self.cuda:
+            self._marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self._marks, self._marks[1:])]
+        return [(b - a) * 1000.0 for a, b in zip(self._marks, self._marks[1:])]
+
+
+class DeviceLog:
+    """Per-step scalars kept as 0-d device tensors; one stack + all-reduce when read (not every step)."""
+
+    def __init__(self):
+        self.losses: list[torch.Tensor] = []
+        self.grad_norms: list[torch.Tensor] = []
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.losses.append(loss.detach().float())
+        self.grad_norms.append(grad_norm.detach().float())
+
+    def read(self, reduce: bool) -> tuple[list[float], list[float]]:
+        """(losses averaged over all ranks, grad norms). reduce=False after a communication failure."""
+        if not self.losses:
+            return [], []
+        losses = torch.stack(self.losses)
+        if reduce and dist.is_initialized() and dist.get_world_size() > 1:
+            # Mean over all ranks = mean over DP ranks (TP ranks of a DP group hold the same loss).
+            dist.all_reduce(losses, op=dist.ReduceOp.SUM)
+            losses = losses / dist.get_world_size()
+        norms = torch.stack(self.grad_norms)
+        return losses.cpu().tolist(), norms.cpu().tolist()  # CPU-GPU sync point (once)
+
+
+def step_records(step_ms: list[float], losses: list[float], grad_norms: list[float], lrs: list[float],
+                 tokens_per_step: int, warmup_steps: int) -> list[StepRecord]:
+    n = max(len(step_ms), len(losses))
+    pick = lambda xs, i: xs[i] if i < len(xs) else None  # noqa: E731
+    return [StepRecord(step=i, loss=pick(losses, i), step_ms=pick(step_ms, i), tokens=tokens_per_step,
+                       grad_norm=pick(grad_norms, i), lr=pick(lrs, i), warmup=i < warmup_steps)
+            for i in range(n)]
+
+
+def summarize(step_ms: list[float], *, warmup_steps: int, tokens_per_step: int, num_devices: int,
+              flops_per_token: int, bf16_peak: float | None, own_peak: float | None, mfu_note: str | None,
+              memory: tuple[float | None, float | None], num_float8_linears: int | None) -> Summary:
+    """Throughput and MFU over the timed (post-warm-up) steps."""
+    timed = step_ms[warmup_steps:]
+    if not timed:
+        raise ValueError(f"no timed steps: {len(step_ms)} steps measured, warmup_steps({warmup_steps})")
+    median_ms = statistics.median(timed)
+    tokens_per_sec = tokens_per_step / (median_ms / 1000.0)
+    per_device = tokens_per_sec / num_devices
+    tflops = flops_per_token * per_device / 1e12
+    return Summary(
+        num_timed_steps=len(timed), tokens_per_step=tokens_per_step, tokens_per_sec=tokens_per_sec,
+        tokens_per_sec_per_device=per_device, step_ms_median=median_ms, step_ms_min=min(timed),
+        step_ms_max=max(timed), flops_per_token=flops_per_token, tflops_per_device=tflops,
+        bf16_peak_tflops=bf16_peak, precision_peak_tflops=own_peak,
+        mfu_vs_bf16_peak=tflops / bf16_peak if bf16_peak else None,
+        mfu_vs_precision_peak=tflops / own_peak if own_peak else None,
+        mfu_note=mfu_note, peak_memory_allocated_gib=memory[0], peak_memory_reserved_gib=memory[1],
+        num_float8_linears=num_float8_linears,
+    )
+
+
+def peak_memory_gib(device: torch.device, reduce: bool = True) -> tuple[float | None, float | None]:
+    """(allocated, reserved) peak GiB, max over ranks; (None, None) on CPU (no allocator statistics)."""
+    if device.type != "cuda":
+        return None, None
+    mem = torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+                       dtype=torch.float64, device=device)
+    if reduce and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+    alloc, reserved = (mem / GIB).tolist()
+    return alloc, reserved
+
+
+def memory_at_failure(device: torch.device) -> dict[str, float] | None:
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return {"allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+            "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+            "max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "free_gib": free / GIB, "total_gib": total / GIB}

@@ -1,0 +1,170 @@
+"""A plain PyTorch Llama-3 (RMSNorm, RoPE theta 500000, GQA, SwiGLU, causal SDPA) built from core.models.
+
+Shapes come from `core.models.ModelShape`. Attention and feed-forward infer their local head count from
+the projected tensor's width, so the same code runs unsharded and under tensor parallelism (where wq/wk/wv
+hold num_heads / tp heads per rank). Build on the meta device, then `to_empty` and `init_weights`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.models import ModelShape
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in fp32 for stability (bf16 sums of squares lose ~3 digits), return the input dtype.
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def rope_cos_sin(head_dim: int, seq_len: int, theta: float, device: torch.device | str) -> torch.Tensor:
+    """(2, seq_len, head_dim // 2) fp32: cos and sin of the rotary angles (Llama-3, no scaling)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), freqs)
+    return torch.stack([angles.cos(), angles.sin()])
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """x: (bs, seq, heads, head_dim); rotates interleaved pairs (the Llama reference's complex layout)."""
+    cos, sin = rope[0][None, :, None, :], rope[1][None, :, None, :]
+    xf = x.float().unflatten(-1, (-1, 2))
+    real, imag = xf[..., 0], xf[..., 1]
+    out = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.head_dim = shape.head_dim
+        self.num_rep = shape.num_heads // shape.num_kv_heads  # GQA: query heads per kv head
+        kv_dim = shape.num_kv_heads * shape.head_dim
+        self.wq = nn.Linear(shape.dim, shape.num_heads * shape.head_dim, bias=False)
+        self.wk = nn.Linear(shape.dim, kv_dim, bias=False)
+        self.wv = nn.Linear(shape.dim, kv_dim, bias=False)
+        self.wo = nn.Linear(shape.num_heads * shape.head_dim, shape.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bs, seq, _ = x.shape
+        # -1: the local head count (num_heads / tp under tensor parallelism).
+        q = self.wq(x).view(bs, seq, -1, self.head_dim)
+        k = self.wk(x).view(bs, seq, -1, self.head_dim)
+        v = self.wv(x).view(bs, seq, -1, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (bs, heads, seq, head_dim)
+        k = k.repeat_interleave(self.num_rep, dim=1)
+        v = v.repeat_interleave(self.num_rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # flash/efficient kernel on CUDA
+        return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        hidden = shape.ffn_hidden_dim
+        self.w1 = nn.Linear(shape.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, shape.dim, bias=False)
+        self.w3 = nn.Linear(shape.dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.attention_norm = RMSNorm(shape.dim, shape.norm_eps)
+        self.attention = Attention(shape)
+        self.ffn_norm = RMSNorm(shape.dim, shape.norm_eps)
+        self.feed_forward = FeedForward(shape)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, shape: ModelShape, max_seq_len: int):
+        super().__init__()
+        self.shape = shape
+        self.max_seq_len = max_seq_len
+        self.tok_embeddings = nn.Embedding(shape.vocab_size, shape.dim)
+        self.layers = nn.ModuleList(Block(shape) for _ in range(shape.num_layers))
+        self.norm = RMSNorm(shape.dim, shape.norm_eps)
+        self.output = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+        # Not a parameter and not persistent: recomputed by init_weights after to_empty.
+        self.register_buffer("rope", torch.empty(2, max_seq_len, shape.head_dim // 2), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (bs, seq) int64 -> logits (bs, seq, vocab)."""
+        h = self.tok_embeddings(tokens)
+        rope = self.rope[:, : tokens.shape[1]]
+        for layer in self.layers:
+            h = layer(h, rope)
+        return self.output(self.norm(h))
+
+
+def _param_seed(seed: int, name: str) -> int:
+    # Stable across processes (Python's hash() is salted): one stream per parameter name.
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _init_std(name: str, shape: ModelShape) -> float | None:
+    """Standard deviation per parameter (None: RMSNorm weight, set to one)."""
+    if name.endswith("norm.weight"):
+        return None
+    if name.endswith(("wo.weight", "w2.weight")):
+        return 0.02 / (2 * shape.num_layers) ** 0.5  # residual projections scaled by depth (GPT-2)
+    if name.startswith("output"):
+        return shape.dim ** -0.5
+    return 0.02
+
+
+def _strip_wrappers(name: str) -> str:
+    # Activation-checkpoint and compile wrappers add path components; the init must not depend on them.
+    for part in ("_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(part, "")
+    return name
+
+
+@torch.no_grad()
+def init_weights(model: Llama, seed: int) -> None:
+    """Initialize every parameter from a per-name seeded stream, independent of how it is sharded.
+
+    Each rank draws the full tensor and keeps its own shard (DTensor.redistribute from Replicate is a
+    local slice, no communication), so FSDP, TP and a single process start from identical weights and
+    their losses can be compared. Cost: one full-size temporary per parameter on each rank.
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for raw_name, param in model.named_parameters():
+        name = _strip_wrappers(raw_name)
+        std = _init_std(name, model.shape)
+        gen = torch.Generator(device=param.device).manual_seed(_param_seed(seed, name))
+        full = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+        if std is None:
+            full.fill_(1.0)
+        else:
+            full.normal_(0.0, std, generator=gen)
+        if isinstance(param, DTensor):
+            rep = DTensor.from_local(full, param.device_mesh, [Replicate()] * param.device_mesh.ndim,
+                                     run_check=False)
+            local = rep.redistribute(param.device_mesh, param.placements).to_local()
+            param.to_local().copy_(local)
+        else:
+            param.copy_(full)
+    model.rope.copy_(rope_cos_sin(model.shape.head_dim, model.max_seq_len, model.shape.rope_theta,
+                                  model.rope.device))

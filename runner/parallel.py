@@ -1,0 +1,168 @@
+"""Parallelism as plain functions over a model and a mesh, applied by one parallelize() in a fixed order.
+
+Mesh: one `init_device_mesh` with named dims ("dp_replicate", "dp_shard", "tp"), sizes from
+RunSpec.degrees (size-1 dims included, so every dim can be named in every layout).
+
+Mixed precision keeps fp32 master weights in every layout: a data-parallel wrapper (FSDP2 / HSDP /
+replicate) casts parameters to bf16 through its MixedPrecisionPolicy (fp32 gradient reduction); with no
+data-parallel wrapper (one DP rank, e.g. a single GPU or pure TP) the train step runs under
+torch.autocast(bf16), as torchtitan does when FSDP is off.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from core.specs import ParallelDegrees, RunSpec
+from runner.fp8 import apply_float8, is_fp8
+
+log = logging.getLogger(__name__)
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+def build_mesh(device_type: str, degrees: ParallelDegrees) -> DeviceMesh:
+    shape = (degrees.dp_replicate, degrees.dp_shard, degrees.tp)
+    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def uses_dp_wrapper(degrees: ParallelDegrees) -> bool:
+    """True when FSDP2/HSDP/replicate wraps the model (and owns the bf16 cast); False -> autocast."""
+    return degrees.dp_mode != "none" and degrees.dp_degree > 1
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    return torch.float32 if precision == "fp32" else torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------- tensor parallel
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
+    """Megatron-style TP with sequence parallel: norms and residual stream sharded on the sequence dim.
+
+    float8_tp: torchao's Float8 styles (all-gather activations in float8). Only on CUDA with tensorwise:
+    gloo cannot move float8 tensors ("Invalid scalar type"), and rowwise scales do not compose with them.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    if float8_tp:
+        from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
+                                                           PrepareFloat8ModuleInput)
+        colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+    else:
+        colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+    parallelize_module(model, tp_mesh, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        # Full logits on every rank (simple cross-entropy; loss_parallel would save the gather).
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
+    })
+    for block in model.layers:
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+            "attention.wq": colwise(), "attention.wk": colwise(), "attention.wv": colwise(),
+            "attention.wo": rowwise(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": colwise(), "feed_forward.w3": colwise(),
+            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+        })
+    log.info("tensor parallel over %d ranks (sequence parallel, float8 styles=%s)", tp_mesh.size(), float8_tp)
+
+
+# ------------------------------------------------------------------------------ checkpointing, compile
+
+
+def apply_ac(model: nn.Module) -> None:
+    """Full activation checkpointing per block: recompute the block's forward in backward (~+33% FLOPs)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """torch.compile each block (identical blocks share one compiled graph: compile time ~ one block)."""
+    for i, block in enumerate(model.layers):
+        model.layers[i] = torch.compile(block, fullgraph=True)
+
+
+# ------------------------------------------------------------------------------------ data parallel
+
+
+def dp_mesh_of(mesh: DeviceMesh, degrees: ParallelDegrees) -> DeviceMesh:
+    if degrees.dp_mode == "hsdp":
+        return mesh["dp_replicate", "dp_shard"]  # 2-D: replicate across groups, shard within
+    if degrees.dp_mode == "ddp":
+        return mesh["dp_replicate"]
+    return mesh["dp_shard"]
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, *, reshard_after_forward: bool) -> None:
+    """FSDP2 (1-D mesh) or HSDP (2-D mesh): one unit per block (norms included) plus the root.
+
+    Block-level units matter on CPU too: a unit made only of float8 weights cannot be all-gathered by gloo.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype(precision), reduce_dtype=torch.float32)
+    for i, block in enumerate(model.layers):
+        # The last block's parameters are needed again at once by backward: keep them gathered.
+        last = i == len(model.layers) - 1
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, precision: str) -> None:
+    """DDP through FSDP2's replicate (works on meta-device models, same mixed-precision policy)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype(precision), reduce_dtype=torch.float32)
+    for i, block in enumerate(model.layers):
+        model.layers[i] = replicate(block, mesh=dp_mesh, mp_policy=mp)
+    replicate(model, mesh=dp_mesh, mp_policy=mp)
+
+
+# ------------------------------------------------------------------------------------------ the order
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, spec: RunSpec) -> dict:
+    """Convert and wrap a meta-device model in place. Returns facts for the result (fp8 config, count)."""
+    degrees, device_type = spec.degrees, spec.device_type
+    facts: dict = {"fp8_config": None, "num_float8_linears": None}
+    # 1. float8 first: TP and FSDP must see Float8Linear modules to pick their float8-aware paths.
+    if is_fp8(spec.precision):
+        fp8_all_gather = spec.fp8_all_gather and uses_dp_wrapper(degrees) and degrees.dp_shard > 1
+        if spec.fp8_all_gather and not fp8_all_gather:
+            log.warning("fp8_all_gather ignored: no FSDP sharding in this layout (%s)", spec.layout)
+        config, n = apply_float8(model, spec.precision, emulate=device_type == "cpu", fp8_all_gather=fp8_all_gather)
+        facts.update(fp8_config=config, num_float8_linears=n, fp8_all_gather=fp8_all_gather)
+    # 2. tensor parallel on the innermost mesh dim (fastest links).
+    if degrees.tp > 1:
+        float8_tp = spec.precision == "fp8-tensorwise" and device_type == "cuda"
+        apply_tp(model, mesh["tp"], float8_tp=float8_tp)
+    # 3. activation checkpointing wraps each block before compile, so the recompute is compiled too.
+    if spec.activation_checkpointing == "full":
+        apply_ac(model)
+    # 4. compile each block (FSDP hooks stay outside the compiled graphs).
+    if spec.compile:
+        apply_compile(model)
+    # 5. data parallel last: it shards whatever parameters the steps above produced (DTensors under TP).
+    if uses_dp_wrapper(degrees):
+        dp_mesh = dp_mesh_of(mesh, degrees)
+        if degrees.dp_mode == "ddp":
+            apply_ddp(model, dp_mesh, spec.precision)
+        else:
+            apply_fsdp(model, dp_mesh, spec.precision, reshard_after_forward=True)
+        log.info("%s over mesh %s", degrees.dp_mode, dict(zip(dp_mesh.mesh_dim_names, dp_mesh.shape)))
+    return facts

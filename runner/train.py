@@ -1,0 +1,187 @@
+"""One run: validate, set up the process group and mesh, build the model, train, measure, return a RunResult.
+
+`run(spec)` works in-process (one rank, e.g. the GPU bench or a test) and under torchrun (every rank calls
+it; rank 0's result is the one written). Failures are results: see runner.failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from core.models import get_shape
+from core.specs import Numerics, RunResult, RunSpec
+from runner import failures
+from runner.data import make_batches
+from runner.env import capture_environment, expected_fp8_dtypes, gather_hosts, peaks_for, probe_device
+from runner.fp8 import fp8_dtypes_of_config, is_fp8, precompute_fp8_scales
+from runner.metrics import DeviceLog, StepTimer, peak_memory_gib, step_records, summarize
+from runner.model import Llama, init_weights
+from runner.parallel import build_mesh, parallelize, uses_dp_wrapper
+
+log = logging.getLogger(__name__)
+
+MAX_GRAD_NORM = 1.0
+DEFAULT_COMM_TIMEOUT_S = 600
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "constant") -> float:
+    """Multiplier of the peak LR: linear warm-up over warmup_steps, then constant or cosine to 10%."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+# ------------------------------------------------------------------------------------------- setup
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def comm_timeout_s() -> float:
+    return float(os.environ.get("SCALEBENCH_COMM_TIMEOUT_S", DEFAULT_COMM_TIMEOUT_S))
+
+
+def init_distributed(device_type: str) -> tuple[torch.device, bool]:
+    """Process group with a finite timeout. Returns (this rank's device, whether we created the group)."""
+    if device_type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        # Tear down communicators on a timeout and raise in the caller, instead of aborting the process.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    else:
+        device = torch.device("cpu")
+    if dist.is_initialized():
+        return device, False
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    timeout = timedelta(seconds=comm_timeout_s())
+    if "RANK" in os.environ:  # torchrun: env:// rendezvous
+        dist.init_process_group(backend, timeout=timeout, device_id=device if device_type == "cuda" else None)
+    else:  # a single process without torchrun: an in-memory store, no port
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return device, True
+
+
+def build_model(spec: RunSpec, mesh, device: torch.device):
+    """Build on meta, convert and parallelize, materialize, initialize. Returns (model, facts)."""
+    shape = get_shape(spec.model, spec.num_layers)
+    with torch.device("meta"):
+        model = Llama(shape, max_seq_len=spec.seq_len)
+    facts = parallelize(model, mesh, spec)
+    model.to_empty(device=device)
+    init_weights(model, spec.seed)
+    model.train()
+    return model, facts
+
+
+def dp_rank_of(mesh, spec: RunSpec) -> int:
+    rep, shard, _ = mesh.get_coordinate()
+    return rep * spec.degrees.dp_shard + shard
+
+
+def autocast_context(spec: RunSpec, device: torch.device):
+    """bf16 compute over fp32 master weights when no data-parallel wrapper does the cast."""
+    if spec.precision == "fp32" or uses_dp_wrapper(spec.degrees):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+# -------------------------------------------------------------------------------------------- run
+
+
+def run(spec: RunSpec) -> RunResult:
+    """Train one RunSpec and return its RunResult (every rank returns one; rank 0's is authoritative)."""
+    state = failures.RunState(spec)
+    try:
+        failures.validate(spec, world_size_from_env())  # invalid_config: before any device work
+        device, created = init_distributed(spec.device_type)
+        state.device, state.created_group = device, created
+        _run(spec, state)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
+        return failures.failed_result(spec, state, exc)
+    finally:
+        state.cleanup()
+    return state.result
+
+
+def _run(spec: RunSpec, state: failures.RunState) -> None:
+    device = state.device
+    torch.manual_seed(spec.seed)
+    mesh = build_mesh(spec.device_type, spec.degrees)
+    info = probe_device(spec.device_type)
+    state.info = info
+    hosts = gather_hosts(spec.num_devices)  # collective: all ranks, once
+    model, facts = build_model(spec, mesh, device)
+    fp8_dtypes = fp8_dtypes_of_config(facts["fp8_config"]) if facts["fp8_config"] else []
+    if fp8_dtypes and info.vendor != "cpu" and not set(fp8_dtypes) <= set(expected_fp8_dtypes(info)):
+        log.warning("fp8 dtypes %s differ from the expected %s on %s", fp8_dtypes, expected_fp8_dtypes(info),
+                    info.device_name)
+    state.environment = capture_environment(info, hosts=hosts, world_size=spec.num_devices,
+                                            backend=dist.get_backend(), fp8_dtypes=fp8_dtypes)
+    shape = get_shape(spec.model, spec.num_layers)
+    batches = make_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                  fused=device.type == "cuda", foreach=device.type != "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps))
+    precompute = spec.precompute_fp8_scales and facts.get("fp8_all_gather", False)
+    amp = autocast_context(spec, device)
+    timer, device_log = StepTimer(device), DeviceLog()
+    state.timer, state.device_log, state.num_float8_linears = timer, device_log, facts["num_float8_linears"]
+    log_every = max(1, spec.steps // 10)
+    fault = failures.fault_from_env()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    timer.mark()
+    for step in range(spec.steps):
+        inputs, labels = batches.get(step)
+        with amp:
+            logits = model(inputs)
+        # fp32 cross-entropy over the vocab: (bs * seq, vocab) logits, the largest activation of the step.
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        del logits
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()  # DTensor (sharded grads): the reduced total norm
+        state.lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        if precompute:
+            precompute_fp8_scales(model)  # one fused amax for all fp8 weights, for the next all-gather
+        device_log.add(loss, grad_norm)  # stays on the device: no CPU-GPU sync point here
+        timer.mark()
+        failures.maybe_inject(fault, step)
+        if (step + 1) % log_every == 0 or step == spec.steps - 1:
+            # loss.item(): CPU-GPU sync point, every log_every steps only (this rank's loss).
+            log.info("step %d/%d loss %.4f lr %.2e", step + 1, spec.steps, loss.item(), state.lrs[-1])
+
+    step_ms = timer.step_ms()
+    losses, norms = device_log.read(reduce=True)
+    bf16_peak, own_peak, mfu_note = peaks_for(info, spec.precision)
+    summary = summarize(step_ms, warmup_steps=spec.warmup_steps, tokens_per_step=spec.tokens_per_step,
+                        num_devices=spec.num_devices, flops_per_token=shape.flops_per_token(spec.seq_len),
+                        bf16_peak=bf16_peak, own_peak=own_peak, mfu_note=mfu_note,
+                        memory=peak_memory_gib(device), num_float8_linears=facts["num_float8_linears"])
+    steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
+    state.result = RunResult(run_key=spec.run_key(), status="succeeded", steps=steps, summary=summary,
+                             numerics=Numerics(final_loss=losses[-1], loss_curve=losses),
+                             environment=state.environment)
+    log.info("done: %.0f tokens/s, %.1f ms/step median, mfu %s", summary.tokens_per_sec, summary.step_ms_median,
+             f"{summary.mfu_vs_bf16_peak:.3f}" if summary.mfu_vs_bf16_peak is not None else "n/a")
+    if is_fp8(spec.precision):
+        log.info("float8 dtypes used: %s", ", ".join(fp8_dtypes))
