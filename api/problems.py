@@ -94,10 +94,17 @@ def _allowed(err: dict[str, Any]) -> list[Any] | None:
     return None
 
 
+def _message(err: dict[str, Any]) -> str:
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if err.get("type") == "json_invalid":
+        loc = err.get("loc", ())
+        return f"{msg} at character {loc[-1]}" if loc and isinstance(loc[-1], int) else msg
+    return msg
+
+
 def validation_errors(errors: list[dict[str, Any]]) -> list[FieldError]:
-    return [FieldError(field=_field_path(tuple(e.get("loc", ()))),
-                       message=str(e.get("msg", "invalid value")).removeprefix("Value error, "),
-                       allowed=_allowed(e)) for e in errors]
+    return [FieldError(field="body" if e.get("type") == "json_invalid" else _field_path(tuple(e.get("loc", ()))),
+                       message=_message(e), allowed=_allowed(e)) for e in errors]
 
 
 # ------------------------------------------------------------------------------------------- handlers

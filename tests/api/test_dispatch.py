@@ -1,0 +1,97 @@
+"""Enqueue after commit with the broker down, then the dispatcher publishes each run exactly once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import sqlalchemy as sa
+
+from core.settings import Settings
+from db.models import Run
+from worker.celery_app import make_celery
+from worker.dispatch import dispatch_pending, publish_run
+
+BODY = {"name": "d", "model": "debug", "gpu_counts": [1, 2, 4], "precisions": ["bf16", "fp8-rowwise"], "repeats": 2,
+        "steps": 4, "warmup_steps": 1}
+DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+def _undispatched(factory) -> list[int]:  # noqa: ANN001
+    with factory() as s:
+        return list(s.scalars(sa.select(Run.id).where(Run.dispatched_at.is_(None)).order_by(Run.id)))
+
+
+def test_broker_down_stores_runs_then_dispatcher_publishes_each_once(make_client, test_settings, pg_session_factory,
+                                                                     celery_app, redis_client, queued_messages):
+    down = make_client(replace(test_settings, broker_url=DOWN))
+    t0 = time.monotonic()
+    r = down.post("/experiments", json=BODY)
+    assert r.status_code == 201 and time.monotonic() - t0 < 3.0  # a down broker fails fast
+    body = r.json()
+    assert body["dispatched"] is False and "broker" in body["dispatch_message"] and "127.0.0.1:1" in body["dispatch_message"]
+    run_ids = [x["id"] for x in body["runs"]]
+    assert len(run_ids) == 12 and _undispatched(pg_session_factory) == run_ids
+    assert all(x["status"] == "queued" for x in down.get(f"/experiments/{body['id']}/runs").json()["items"])
+    assert redis_client.llen("local-cpu") == 0
+
+    assert dispatch_pending(pg_session_factory, make_celery(replace(test_settings, broker_url=DOWN))).published == []
+    outcome = dispatch_pending(pg_session_factory, celery_app)
+    assert outcome.ok and outcome.published == run_ids
+    assert dispatch_pending(pg_session_factory, celery_app).published == []  # nothing is sent twice
+    assert sorted(args[0] for _, args in queued_messages("local-cpu")) == run_ids
+    assert _undispatched(pg_session_factory) == []
+
+
+def test_concurrent_dispatchers_publish_each_run_once(make_client, test_settings, pg_session_factory,
+                                                      redis_client, queued_messages):
+    down = make_client(replace(test_settings, broker_url=DOWN))
+    run_ids = [x["id"] for _ in range(3) for x in down.post("/experiments", json=BODY).json()["runs"]]
+    published: list[int] = []
+    barrier = threading.Barrier(4)
+
+    def dispatcher() -> None:
+        app = make_celery(test_settings)
+        barrier.wait()
+        for _ in range(3):
+            published.extend(dispatch_pending(pg_session_factory, app, limit=5).published)
+
+    threads = [threading.Thread(target=dispatcher) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(published) == run_ids  # all 36 published, none twice
+    assert sorted(args[0] for _, args in queued_messages("local-cpu")) == run_ids
+
+
+def test_background_dispatcher_loop_republishes(make_client, test_settings, pg_session_factory, redis_client):
+    down = make_client(replace(test_settings, broker_url=DOWN))
+    run_ids = [x["id"] for x in down.post("/experiments", json=BODY).json()["runs"]]
+    make_client(test_settings, dispatch_interval_s=0.1)  # an API process whose broker answers
+    deadline = time.monotonic() + 10
+    while _undispatched(pg_session_factory) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _undispatched(pg_session_factory) == [] and redis_client.llen("local-cpu") == len(run_ids)
+
+
+def test_cancelled_runs_are_not_dispatched(make_client, test_settings, pg_session_factory, celery_app, redis_client):
+    down = make_client(replace(test_settings, broker_url=DOWN))
+    exp = down.post("/experiments", json=BODY).json()
+    assert down.post(f"/experiments/{exp['id']}/cancel").json()["num_cancelled"] == 12
+    assert dispatch_pending(pg_session_factory, celery_app).published == []
+    assert redis_client.llen("local-cpu") == 0
+
+
+def test_filesystem_broker_carries_a_message(tmp_path):
+    app = make_celery(Settings(data_dir=tmp_path, broker_url="filesystem://"))
+    opts = app.conf.broker_transport_options
+    assert opts["data_folder_in"] == opts["data_folder_out"] == str(tmp_path / "broker" / "queue")
+    assert (tmp_path / "broker" / "control").is_dir() and app.conf.task_acks_late
+    assert app.conf.worker_prefetch_multiplier == 1 and opts["visibility_timeout"] > 7 * 24 * 3600
+    publish_run(app, 77, "local-cpu")
+    with app.connection_for_read() as conn:
+        message = conn.SimpleQueue("local-cpu").get(timeout=5)
+        assert message.headers["task"] == "scalebench.execute_run" and message.payload[0] == [77]
+        message.ack()
