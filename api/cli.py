@@ -7,6 +7,7 @@ import logging
 
 import typer
 
+from api import cli_runs, cli_up
 from api.commands import token
 
 app = typer.Typer(name="scalebench", help="scalebench: scaling-efficiency experiments for FP8 training.",
@@ -17,6 +18,8 @@ GROUPS: list[tuple[str, typer.Typer]] = [
 ]
 for _name, _group in GROUPS:
     app.add_typer(_group, name=_name)
+for _commands in (cli_up, cli_runs):  # top-level commands: up, submit, ls, show, cancel, logs
+    _commands.register(app)
 
 
 def main() -> None:

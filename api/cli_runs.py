@@ -1,0 +1,183 @@
+"""`scalebench submit | ls | show | cancel | logs`: the HTTP side of the CLI (registered by api/cli.py).
+
+Every command takes --server (SCALEBENCH_URL) and --token (SCALEBENCH_TOKEN, else the token that
+`scalebench up` saved). Errors print as one readable paragraph and exit 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from api.cli_client import ApiClient, CliError
+from api.cli_report import fetch_report, print_report
+
+# Wide tables when the output is a file or a pipe (rich would wrap at 80 columns).
+console = Console(width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+ServerOpt = Annotated[str | None, typer.Option("--server", envvar="SCALEBENCH_URL", help="API base URL.")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="SCALEBENCH_TOKEN", help="API token (writes).")]
+TERMINAL = ("succeeded", "failed", "cancelled")
+_STEP_RE = re.compile(r"step (\d+)/(\d+)")
+
+
+def cli_errors(fn: Callable) -> Callable:
+    """CliError -> its message on stderr, exit code 1."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CliError as exc:
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+    return wrapper
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CliError(f"spec file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise CliError(f"spec file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CliError(f"spec file {str(path)!r} must hold a mapping of ExperimentSpec fields, not {type(data).__name__}")
+    return data
+
+
+def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    created = client.post("/experiments", json=spec, headers=headers)
+    console.print(f"experiment [bold]{created['id']}[/bold] ({created['name']}): {len(created['runs'])} runs "
+                  f"on {created['cluster']}", highlight=False)
+    for s in created.get("skipped") or []:
+        console.print(f"  skipped {s['precision']}/{s['layout']}/N={s['num_devices']}: {s['reason']}", highlight=False)
+    if not created.get("dispatched", True):
+        console.print(f"[yellow]{created.get('dispatch_message')}[/yellow]")
+    return created
+
+
+def _run_label(run: dict[str, Any]) -> str:
+    return f"run {run['id']:>4} {run['precision']:<15} {run['layout']:<10} N={run['num_devices']:<3}"
+
+
+def _step_progress(client: ApiClient, run_id: int) -> tuple[int, int] | None:
+    """(step, steps) from the tail of the run's log, while it runs."""
+    try:
+        tail = client.text(f"/runs/{run_id}/log", tail_bytes=4000)
+    except CliError:
+        return None
+    found = _STEP_RE.findall(tail)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout_s: float | None = None) -> dict:
+    """Progress bars per run (steps from its log) until every run ended; returns the experiment."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        tasks: dict[int, Any] = {}
+        while True:
+            runs = client.all_runs(experiment_id)
+            for run in runs:
+                if run["id"] not in tasks:
+                    tasks[run["id"]] = progress.add_task(_run_label(run), total=1, state=run["status"])
+                task_id, status = tasks[run["id"]], run["status"]
+                if status == "running" and (sp := _step_progress(client, run["id"])):
+                    progress.update(task_id, total=sp[1], completed=sp[0], state=f"running step {sp[0]}/{sp[1]}")
+                elif status in TERMINAL:
+                    total = progress.tasks[task_id].total or 1
+                    state = status if status != "failed" else f"failed ({run.get('error_kind')})"
+                    progress.update(task_id, completed=total, state=state)
+                else:
+                    progress.update(task_id, state=status)
+            if runs and all(r["status"] in TERMINAL for r in runs):
+                return client.get(f"/experiments/{experiment_id}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise CliError(f"experiment {experiment_id} did not finish within {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to the `scalebench` app."""
+
+    @app.command("submit")
+    @cli_errors
+    def submit(spec_file: Annotated[Path, typer.Argument(help="ExperimentSpec as YAML (or JSON).")],
+               wait: Annotated[bool, typer.Option("--wait", help="Follow the runs until they end.")] = False,
+               idempotency_key: Annotated[str | None, typer.Option(help="Repeat-safe submission key.")] = None,
+               server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """Submit an experiment; with --wait, show progress per run and then the scaling table."""
+        with ApiClient(server, token) as client:
+            created = submit_spec(client, load_spec(spec_file), idempotency_key)
+            if not wait:
+                return
+            exp = wait_for(client, created["id"])
+            report, details = fetch_report(client, created["id"])
+            print_report(console, report, details)
+            console.print(f"experiment {exp['id']}: {exp['status']}")
+            if exp["status"] != "succeeded":
+                raise typer.Exit(1)
+
+    @app.command("ls")
+    @cli_errors
+    def ls(limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+           status: Annotated[str | None, typer.Option(help="Only experiments in this status.")] = None,
+           server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """List experiments, newest first."""
+        with ApiClient(server, token) as client:
+            page = client.get("/experiments", limit=limit, status=status)
+        table = Table()
+        for col in ("id", "name", "cluster", "status", "runs", "progress", "created"):
+            table.add_column(col)
+        for e in page["items"]:
+            table.add_row(str(e["id"]), e["name"], e["cluster"], e["status"], str(e["num_runs"]),
+                          f"{e['progress']:.0%}", e["created_at"][:19].replace("T", " "))
+        console.print(table)
+
+    @app.command("show")
+    @cli_errors
+    def show(experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
+             as_json: Annotated[bool, typer.Option("--json", help="The scaling report as JSON.")] = False,
+             server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """An experiment: its runs and the scaling table (throughput, efficiency, fp8 speedup)."""
+        with ApiClient(server, token) as client:
+            exp = client.get(f"/experiments/{experiment_id}")
+            report, details = fetch_report(client, experiment_id)
+        if as_json:
+            typer.echo(json.dumps(report.model_dump(mode="json"), indent=1))
+            return
+        console.print(f"experiment [bold]{exp['id']}[/bold] {exp['name']} on {exp['cluster']}: {exp['status']} "
+                      f"({exp['num_runs']} runs, {exp['progress']:.0%} done)", highlight=False)
+        print_report(console, report, details)
+
+    @app.command("cancel")
+    @cli_errors
+    def cancel(experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
+               server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """Cancel an experiment: queued runs now, running runs within seconds."""
+        with ApiClient(server, token) as client:
+            out = client.post(f"/experiments/{experiment_id}/cancel")
+        console.print(f"experiment {experiment_id}: {out['num_cancelled']} queued runs cancelled, "
+                      f"{out['num_cancel_requested']} running runs stopping; status {out['status']}")
+
+    @app.command("logs")
+    @cli_errors
+    def logs(run_id: Annotated[int, typer.Argument(help="Run id.")],
+             tail_bytes: Annotated[int, typer.Option(help="Bytes from the end of log.txt.")] = 65536,
+             server: ServerOpt = None, token: TokenOpt = None) -> None:
+        """The tail of a run's log (the runner's merged stdout/stderr)."""
+        with ApiClient(server, token) as client:
+            typer.echo(client.text(f"/runs/{run_id}/log", tail_bytes=tail_bytes), nl=False)

@@ -1,0 +1,40 @@
+"""`scalebench up`: the embedded stack in the foreground (registered by api/cli.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from api.up import Stack, serve_forever
+
+log = logging.getLogger(__name__)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up(host: Annotated[str, typer.Option(help="Address the API listens on.")] = "127.0.0.1",
+           port: Annotated[int, typer.Option(help="API port.")] = 8000,
+           worker: Annotated[bool, typer.Option("--worker/--no-worker", help="Start a local worker.")] = True,
+           token: Annotated[bool, typer.Option("--token/--no-token", help="Create an API token.")] = True) -> None:
+        """Start the API, a worker and the scheduler (SQLite + filesystem broker unless DATABASE_URL/REDIS_URL)."""
+        stack = Stack(host=host, port=port, with_worker=worker)
+        try:
+            stack.start()
+        except (RuntimeError, OSError) as exc:
+            stack.stop()
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        s = stack.settings
+        typer.echo(f"scalebench is up: API {stack.url} (docs {stack.url}/docs)")
+        typer.echo(f"  database {s.database_url.split('@')[-1]}, broker {s.broker_url.split('@')[-1]}, "
+                   f"queues {', '.join(stack.queues)}, logs {stack.log_dir}")
+        if token:
+            typer.echo(f"  token (saved to {s.data_dir / 'token'}): {stack.create_token()}")
+        typer.echo("Ctrl-C stops everything.")
+        code = serve_forever(stack)
+        typer.echo("stopping ...")
+        stack.stop()
+        typer.echo("stopped.")
+        raise typer.Exit(code)
