@@ -15,7 +15,7 @@ from fastapi import APIRouter, FastAPI
 
 from api.dispatcher import dispatcher_loop
 from api.problems import install_problem_handlers
-from api.routers import clusters, experiments, health, runs
+from api.routers import analysis, clusters, dashboard, experiments, health, imports, runs
 from core.clusters import load_clusters
 from core.settings import Settings
 from db.session import make_engine, make_session_factory
@@ -28,6 +28,9 @@ ROUTERS: list[APIRouter] = [
     runs.router,
     clusters.router,
     health.router,
+    imports.router,
+    analysis.router,
+    dashboard.router,
 ]
 
 DESCRIPTION = """\

@@ -6,10 +6,11 @@ import hashlib
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api import etag
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
 from api.schemas import (CancelRead, ExperimentCreated, ExperimentPage, ExperimentRead, ExperimentStatusName,
@@ -144,20 +145,24 @@ def create_experiment(
 
 @router.get("", response_model=ExperimentPage, responses=PROBLEM_RESPONSES, summary="List experiments")
 def list_experiments(
-    session: SessionDep, _auth: ReadAuth,
+    session: SessionDep, _auth: ReadAuth, request: Request,
     limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
     cursor: Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")] = None,
     status: Annotated[ExperimentStatusName | None, Query(description="Derived experiment status.")] = None,
     tag: Annotated[str | None, Query(min_length=1, max_length=64, pattern=NO_CONTROL_CHARS)] = None,
     cluster: Annotated[str | None, Query(min_length=1, max_length=100, pattern=NO_CONTROL_CHARS)] = None,
-) -> ExperimentPage:
+) -> Any:
     """Newest first, keyset-paginated; filters combine with AND."""
     rows = q.list_experiments(session, limit=limit, before_id=decode_cursor(cursor), status=status, tag=tag,
                               cluster=cluster)
     page, more = rows[:limit], len(rows) > limit
     statuses = q.statuses_for(session, [e.id for e in page])
-    return ExperimentPage(items=[experiment_brief(e, statuses[e.id]) for e in page],
-                          next_cursor=encode_cursor(page[-1].id) if more else None)
+    body = ExperimentPage(items=[experiment_brief(e, statuses[e.id]) for e in page],
+                          next_cursor=encode_cursor(page[-1].id) if more else None).model_dump_json().encode()
+    page_etag = etag.body_etag(request, body)  # the dashboard polls this list: unchanged pages answer 304
+    if etag.matches(request, page_etag):
+        return etag.not_modified(page_etag)
+    return Response(body, media_type="application/json", headers={"ETag": page_etag, **etag.NO_CACHE})
 
 
 def _get_or_404(session: Session, experiment_id: int) -> Experiment:
@@ -169,7 +174,12 @@ def _get_or_404(session: Session, experiment_id: int) -> Experiment:
 
 @router.get("/{experiment_id}", response_model=ExperimentRead, responses=PROBLEM_RESPONSES,
             summary="An experiment: spec, status derived from its runs, counts per status, progress")
-def get_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth) -> Any:
+def get_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth, request: Request,
+                   response: Response) -> Any:
+    headers, unchanged = etag.check(request, session, [experiment_id])  # polls: 304 from one small query
+    if unchanged:
+        return unchanged
+    response.headers.update(headers)
     exp = _get_or_404(session, experiment_id)
     return experiment_read(exp, q.experiment_status(session, exp.id))
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path as FsPath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
+from api import etag
 from api.deps import ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, ProblemError
 from api.schemas import (RunDetail, RunPage, RunStatus, decode_cursor, encode_cursor, run_read, step_dict,
@@ -25,11 +26,15 @@ ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment i
 @router.get("/experiments/{experiment_id}/runs", response_model=RunPage, responses=PROBLEM_RESPONSES,
             summary="Runs of an experiment, in id order")
 def list_runs(
-    experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth,
+    experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth, request: Request, response: Response,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     cursor: Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")] = None,
     status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
-) -> RunPage:
+) -> Any:
+    headers, unchanged = etag.check(request, session, [experiment_id])  # polls: 304 from one small query
+    if unchanged:
+        return unchanged
+    response.headers.update(headers)
     if eq.get_experiment(session, experiment_id) is None:
         raise ProblemError(404, f"experiment {experiment_id} does not exist")
     rows = eq.list_runs(session, experiment_id, limit=limit, after_id=decode_cursor(cursor), status=status)

@@ -1,0 +1,164 @@
+"""Scaling curves computed on read: JSON, CSV and PNG of one experiment, its loss curves, and a comparison.
+
+Every endpoint answers If-None-Match with 304 from a one-query fingerprint, before loading any run.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from api import etag
+from api.compare import CompareExperiment, CompareRead, compare
+from api.deps import ClustersDep, ReadAuth, SessionDep
+from api.plots import render_scaling_png
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
+from core.clusters import Cluster
+from core.scaling import ScalingReport, build_report, to_csv
+from db import analysis as aq
+from db.models import Experiment
+
+router = APIRouter(tags=["analysis"])
+ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
+Baseline = Annotated[int | None, Query(ge=1, le=65536, description=(
+    "N0 for scaling efficiency E(N) = X(N) / (X(N0) N / N0), e.g. 8 for one node; "
+    "default: each series' smallest measured N."))]
+FullSize = Annotated[int | None, Query(ge=1, le=1 << 20, description=(
+    "N at which Amdahl/USL fits predict X and E (labelled extrapolation beyond the measured range); "
+    "default: the cluster's max devices."))]
+MAX_COMPARE = 8
+NOT_MODIFIED = {304: {"description": "Not Modified: If-None-Match holds the current ETag."}}
+
+
+def _experiment_or_404(session: Session, experiment_id: int) -> Experiment:
+    exp = session.get(Experiment, experiment_id)
+    if exp is None:
+        raise ProblemError(404, f"experiment {experiment_id} does not exist")
+    return exp
+
+
+def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[str]) -> dict[str, int]:
+    if full_size is not None:
+        return {n: full_size for n in names}
+    return {n: clusters[n].max_devices for n in names if n in clusters}
+
+
+def _report(session: Session, experiment_id: int, clusters: dict[str, Cluster], baseline: int | None,
+            full_size: int | None) -> ScalingReport:
+    points = aq.load_run_points(session, experiment_id)
+    sizes = _full_sizes(clusters, full_size, {p.cluster for p in points})
+    return build_report(points, baseline_num_devices=baseline, full_size_by_cluster=sizes)
+
+
+@router.get("/experiments/{experiment_id}/scaling", response_model=ScalingReport,
+            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED,
+                       200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv"}},
+            summary="Scaling curves: X(N), E(N), fp8 speedup, MFU, memory, Amdahl/USL fits (JSON or CSV)")
+def get_scaling(
+    experiment_id: ExperimentId, request: Request, session: SessionDep, clusters: ClustersDep, _auth: ReadAuth,
+    baseline_num_devices: Baseline = None, full_size: FullSize = None,
+    format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
+) -> Any:
+    headers, unchanged = etag.check(request, session, [experiment_id])
+    if unchanged:
+        return unchanged
+    _experiment_or_404(session, experiment_id)
+    report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
+    if format == "csv":
+        headers["Content-Disposition"] = f'inline; filename="experiment-{experiment_id}-scaling.csv"'
+        return Response(to_csv(report), media_type="text/csv; charset=utf-8", headers=headers)
+    return Response(report.model_dump_json(), media_type="application/json", headers=headers)
+
+
+@router.get("/experiments/{experiment_id}/scaling.png", response_class=Response,
+            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED, 200: {"content": {"image/png": {}}}},
+            summary="Scaling curves as a PNG: throughput with the ideal line, efficiency, fp8 speedup")
+def get_scaling_png(experiment_id: ExperimentId, request: Request, session: SessionDep, clusters: ClustersDep,
+                    _auth: ReadAuth, baseline_num_devices: Baseline = None, full_size: FullSize = None) -> Response:
+    headers, unchanged = etag.check(request, session, [experiment_id])
+    if unchanged:
+        return unchanged
+    exp = _experiment_or_404(session, experiment_id)
+    report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
+    png = render_scaling_png(report, title=f"experiment {exp.id}: {exp.name} ({exp.cluster})")
+    return Response(png, media_type="image/png", headers=headers)
+
+
+class LossCurveRead(BaseModel):
+    run_id: int
+    cluster: str
+    precision: str
+    layout: str
+    num_devices: int
+    repeat: int
+    num_steps: int = Field(description="Steps with a loss before thinning.")
+    steps: list[int]
+    losses: list[float]
+
+
+class LossesRead(BaseModel):
+    experiment_id: int
+    max_points: int = Field(description="Each curve holds at most this many points (first and last kept).")
+    curves: list[LossCurveRead]
+
+
+@router.get("/experiments/{experiment_id}/losses", response_model=LossesRead,
+            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
+            summary="Loss curves for fp8 vs bf16: one succeeded run per (precision, layout, N), thinned")
+def get_losses(
+    experiment_id: ExperimentId, request: Request, session: SessionDep, _auth: ReadAuth,
+    num_devices: Annotated[int | None, Query(ge=1, le=65536, description="Only curves at this N.")] = None,
+    max_points: Annotated[int, Query(ge=2, le=2000, description="Points per curve at most.")] = 200,
+) -> Any:
+    headers, unchanged = etag.check(request, session, [experiment_id])
+    if unchanged:
+        return unchanged
+    _experiment_or_404(session, experiment_id)
+    curves = aq.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
+    body = LossesRead(experiment_id=experiment_id, max_points=max_points,
+                      curves=[LossCurveRead(**c.__dict__) for c in curves])
+    return Response(body.model_dump_json(), media_type="application/json", headers=headers)
+
+
+def _parse_ids(raw: str) -> list[int]:
+    def bad(message: str) -> ProblemError:
+        return ProblemError(422, f"query.experiments: {message}", [FieldError(
+            field="query.experiments", message=message,
+            allowed=[f"2 to {MAX_COMPARE} comma-separated experiment ids, e.g. 3,7"])])
+    parts = [p.strip() for p in raw.split(",")]
+    if any(not p.isdigit() or not 0 < int(p) < 2**31 for p in parts):
+        raise bad(f"{raw!r} is not a comma-separated list of positive integer ids")
+    ids = list(dict.fromkeys(int(p) for p in parts))
+    if not 2 <= len(ids) <= MAX_COMPARE:
+        raise bad(f"{len(ids)} distinct ids given; compare takes 2 to {MAX_COMPARE}")
+    return ids
+
+
+@router.get("/compare", response_model=CompareRead, responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
+            summary="Scaling of several experiments side by side, with X ratios to the first at each common N")
+def get_compare(
+    request: Request, session: SessionDep, clusters: ClustersDep, _auth: ReadAuth,
+    experiments: Annotated[str, Query(max_length=200, description=(
+        f"2 to {MAX_COMPARE} comma-separated experiment ids; the first is the reference of the ratios."))],
+    baseline_num_devices: Baseline = None, full_size: FullSize = None,
+) -> Any:
+    ids = _parse_ids(experiments)
+    headers, unchanged = etag.check(request, session, ids)
+    if unchanged:
+        return unchanged
+    rows = {e.id: e for e in session.scalars(sa.select(Experiment).where(Experiment.id.in_(ids)))}
+    if missing := [i for i in ids if i not in rows]:
+        raise ProblemError(422, f"query.experiments: experiment(s) {missing} do not exist", [FieldError(
+            field="query.experiments", message=f"experiment(s) {', '.join(map(str, missing))} do not exist")])
+    points = aq.load_run_points_many(session, ids)
+    out = []
+    for i in ids:
+        sizes = _full_sizes(clusters, full_size, {p.cluster for p in points[i]})
+        report = build_report(points[i], baseline_num_devices=baseline_num_devices, full_size_by_cluster=sizes)
+        out.append(CompareExperiment(id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source,
+                                     report=report))
+    return Response(compare(out).model_dump_json(), media_type="application/json", headers=headers)

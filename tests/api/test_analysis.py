@@ -1,0 +1,196 @@
+"""Scaling JSON/CSV/PNG, loss curves, compare and ETag polling, on the real Postgres with runs recorded the
+way workers record them (db.runs.record_result)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.specs import RunResult
+from db import analysis as aq
+from db.runs import claim_run, mark_failed, record_result
+from db.session import session_scope
+from tests.db.helpers import add_experiment
+
+# X(N) global tokens/s per (precision, N): bf16 scales at 90% to N=4, fp8 is 1.3x bf16
+TPS = {("bf16", 1): 1000.0, ("bf16", 2): 1900.0, ("bf16", 4): 3600.0,
+       ("fp8-tensorwise", 1): 1300.0, ("fp8-tensorwise", 2): 2470.0, ("fp8-tensorwise", 4): 4680.0}
+
+
+def _result(run_key: str, tps: float, n: int, num_steps: int = 10) -> RunResult:
+    steps = [{"step": i, "loss": 6.0 - 0.01 * i, "step_ms": 100.0, "tokens": 512} for i in range(num_steps)]
+    summary = dict(num_timed_steps=num_steps, tokens_per_step=512, tokens_per_sec=tps, tokens_per_sec_per_device=tps / n,
+                   step_ms_median=100.0, step_ms_min=99.0, step_ms_max=101.0, flops_per_token=1000,
+                   tflops_per_device=0.1, mfu_vs_bf16_peak=0.4, peak_memory_allocated_gib=1.5 * n)
+    return RunResult.model_validate({"run_key": run_key, "status": "succeeded", "steps": steps, "summary": summary,
+                                     "numerics": {"final_loss": steps[-1]["loss"]}})
+
+
+def _finish_all(factory: sessionmaker[Session], exp_id: int, fail_n: int | None = None,
+                num_steps: int = 10) -> None:
+    """Every run of the experiment succeeded with TPS, except the N=fail_n runs (failed, oom)."""
+    with session_scope(factory) as s:
+        rows = s.execute(sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"),
+                         {"e": exp_id}).all()
+        for run_id, key, precision, n in rows:
+            claim_run(s, run_id, "w", "h", 60)
+            if n == fail_n:
+                mark_failed(s, run_id, "oom", "out of memory")
+            else:
+                record_result(s, run_id, _result(key, TPS[(precision, n)], n, num_steps))
+
+
+def test_scaling_json_csv_png_and_one_query(client, pg_session_factory, pg_engine) -> None:  # noqa: ANN001
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s)
+    _finish_all(pg_session_factory, exp_id, fail_n=4)
+
+    statements: list[str] = []
+    listener = lambda *a: statements.append(a[2])  # noqa: E731
+    sa.event.listen(pg_engine, "before_cursor_execute", listener)
+    try:
+        with pg_session_factory() as s:
+            points = aq.load_run_points(s, exp_id)
+    finally:
+        sa.event.remove(pg_engine, "before_cursor_execute", listener)
+    assert len(statements) == 1 and len(points) == 6
+    assert {p.model for p in points} == {"debug"} and {p.num_layers for p in points} == {4}
+
+    r = client.get(f"/experiments/{exp_id}/scaling")
+    assert r.status_code == 200 and r.headers["etag"]
+    rep = r.json()
+    bf16 = next(s for s in rep["series"] if s["key"]["precision"] == "bf16")
+    by_n = {p["num_devices"]: p for p in bf16["points"]}
+    assert by_n[2]["efficiency"] == 0.95 and by_n[4]["status"] == "failed"
+    assert by_n[2]["final_loss"] == 5.91 and by_n[2]["peak_memory_allocated_gib"] == 3.0
+    assert {sp["num_devices"]: round(sp["speedup"], 6) for sp in rep["speedups"]} == {1: 1.3, 2: 1.3}
+    assert not bf16["amdahl"]["fitted"]  # two measured points: fits refuse
+
+    csv = client.get(f"/experiments/{exp_id}/scaling?format=csv")
+    assert csv.headers["content-type"].startswith("text/csv")
+    lines = csv.text.strip().splitlines()
+    assert lines[0].startswith("model,num_layers,precision") and len(lines) == 1 + 6
+    png = client.get(f"/experiments/{exp_id}/scaling.png")
+    assert png.headers["content-type"] == "image/png" and png.content[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = client.get(f"/experiments/{exp_id}/scaling?format=xml")
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "query.format"
+    assert set(bad.json()["errors"][0]["allowed"]) == {"json", "csv"}
+    assert client.get("/experiments/999/scaling").status_code == 404
+
+
+def test_baseline_and_full_size(client, pg_session_factory) -> None:  # noqa: ANN001
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s)
+    _finish_all(pg_session_factory, exp_id)
+    rep = client.get(f"/experiments/{exp_id}/scaling?baseline_num_devices=2").json()
+    bf16 = next(s for s in rep["series"] if s["key"]["precision"] == "bf16")
+    assert bf16["baseline_num_devices"] == 2
+    assert {p["num_devices"]: round(p["efficiency"], 6) for p in bf16["points"]} == {
+        1: round(1000 / 950, 6), 2: 1.0, 4: round(3600 / 3800, 6)}
+    # default full size: local-cpu has 4 devices; asked: 64 (an extrapolation, labelled)
+    assert bf16["amdahl"]["prediction"]["num_devices"] == 4
+    far = client.get(f"/experiments/{exp_id}/scaling?full_size=64").json()["series"][0]["usl"]["prediction"]
+    assert far["num_devices"] == 64 and far["extrapolated"] is True
+
+
+def _status_change(factory: sessionmaker[Session], exp_id: int) -> None:
+    with session_scope(factory) as s:
+        run_id = s.scalar(sa.text("SELECT min(id) FROM runs WHERE experiment_id = :e AND status = 'queued'"),
+                          {"e": exp_id})
+        assert claim_run(s, run_id, "w", "h", 60)
+
+
+def test_etag_304_without_building_and_changes_with_status(client, pg_session_factory) -> None:  # noqa: ANN001
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s)
+    paths = [f"/experiments/{exp_id}", f"/experiments/{exp_id}/runs", f"/experiments/{exp_id}/scaling",
+             f"/experiments/{exp_id}/scaling?format=csv", f"/experiments/{exp_id}/losses"]
+    tags = {}
+    for p in paths:
+        r = client.get(p)
+        assert r.status_code == 200 and r.headers["cache-control"] == "no-cache", p
+        tags[p] = r.headers["etag"]
+    assert len(set(tags.values())) == len(paths)  # the variant (path, query) is part of the tag
+
+    statements: list[str] = []
+    listener = lambda *a: statements.append(a[2])  # noqa: E731
+    app_engine = client.app.state.engine
+    sa.event.listen(app_engine, "before_cursor_execute", listener)
+    try:
+        for p in paths:
+            r = client.get(p, headers={"If-None-Match": tags[p]})
+            assert r.status_code == 304 and r.content == b"" and r.headers["etag"] == tags[p], p
+    finally:
+        sa.event.remove(app_engine, "before_cursor_execute", listener)
+    assert len(statements) == len(paths)  # one fingerprint query per poll, no report built
+    assert client.get(paths[0], headers={"If-None-Match": f'W/{tags[paths[0]]}, "other"'}).status_code == 304
+
+    _status_change(pg_session_factory, exp_id)
+    for p in paths:
+        r = client.get(p, headers={"If-None-Match": tags[p]})
+        assert r.status_code == 200 and r.headers["etag"] != tags[p], p
+    assert client.get(f"/experiments/{exp_id}").json()["counts"]["running"] == 1
+
+
+def test_experiment_list_etag(client, pg_session_factory) -> None:  # noqa: ANN001
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s)
+    r = client.get("/experiments")
+    assert client.get("/experiments", headers={"If-None-Match": r.headers["etag"]}).status_code == 304
+    _status_change(pg_session_factory, exp_id)
+    assert client.get("/experiments", headers={"If-None-Match": r.headers["etag"]}).status_code == 200
+
+
+def test_fingerprint_ignores_heartbeats_and_sees_cancel_requests(pg_session_factory) -> None:  # noqa: ANN001
+    from db.experiments import cancel_experiment
+    from db.runs import heartbeat
+
+    with session_scope(pg_session_factory) as s:
+        exp_id, run_ids = add_experiment(s)
+        claim_run(s, run_ids[0], "w", "h", 60)
+    with pg_session_factory() as s:
+        before = aq.fingerprint(s, exp_id)
+    with session_scope(pg_session_factory) as s:
+        heartbeat(s, run_ids[0], 60)
+    with pg_session_factory() as s:
+        assert aq.fingerprint(s, exp_id) == before
+        assert aq.fingerprint(s, 999) is None
+    with session_scope(pg_session_factory) as s:
+        cancel_experiment(s, exp_id)
+    with pg_session_factory() as s:
+        assert aq.fingerprint(s, exp_id) != before
+
+
+def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:  # noqa: ANN001
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s, repeats=2)
+    _finish_all(pg_session_factory, exp_id, num_steps=1001)
+    with pg_session_factory() as s:
+        curves = aq.loss_curves(s, exp_id)
+        small = aq.loss_curves(s, exp_id, max_points=7, num_devices=1)
+    assert len(curves) == 6 and {c.repeat for c in curves} == {0}  # one run per (precision, layout, N)
+    assert all(len(c.steps) <= 200 and c.steps[0] == 0 and c.steps[-1] == 1000 for c in curves)
+    assert curves[0].num_steps == 1001 and len(curves[0].steps) >= 150
+    assert len(small) == 2 and [len(c.steps) for c in small] == [7, 7]
+    assert small[0].steps == [0, 167, 334, 501, 668, 835, 1000]
+
+
+def test_compare_ratios_and_bad_ids(client, pg_session_factory) -> None:  # noqa: ANN001
+    with session_scope(pg_session_factory) as s:
+        a, _ = add_experiment(s)
+        b, _ = add_experiment(s, precisions=["bf16"])
+    _finish_all(pg_session_factory, a)
+    _finish_all(pg_session_factory, b)
+    r = client.get(f"/compare?experiments={a},{b}")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [e["id"] for e in body["experiments"]] == [a, b] and body["reference_experiment_id"] == a
+    assert sorted((x["precision"], x["num_devices"], x["ratio"]) for x in body["ratios"]) == [
+        ("bf16", 1, 1.0), ("bf16", 2, 1.0), ("bf16", 4, 1.0)]
+    assert client.get(f"/compare?experiments={a},{b}", headers={"If-None-Match": r.headers["etag"]}).status_code == 304
+    for bad in (f"{a},x", f"{a}", f"{a},{a}", "", f"{a},-1"):
+        p = client.get(f"/compare?experiments={bad}")
+        assert p.status_code == 422, bad
+        assert p.json()["errors"][0]["field"] == "query.experiments", bad
+    missing = client.get(f"/compare?experiments={a},9999").json()
+    assert missing["errors"][0]["field"] == "query.experiments" and "9999" in missing["errors"][0]["message"]
