@@ -1,0 +1,118 @@
+"""Webhooks and their delivery outbox. A finding that should notify inserts one delivery row per enabled,
+subscribed webhook in the same transaction as the finding (so a notification is never lost nor sent for
+a finding that rolled back); worker/webhooks.py sends them. Functions never commit.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from db.models import utcnow
+from db.models_nightly import DEFAULT_WEBHOOK_EVENTS, WEBHOOK_EVENTS, Webhook, WebhookDelivery
+
+MIN_SECRET_CHARS = 16
+
+
+class WebhookError(ValueError):
+    def __init__(self, field: str, message: str, allowed: list[Any] | None = None):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message, self.allowed = field, message, allowed
+
+
+def check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WebhookError("url", f"{url!r} is not an absolute http(s) URL", ["http://host/path", "https://host/path"])
+    return url
+
+
+def check_events(events: Sequence[str]) -> list[str]:
+    for e in events:
+        if e not in WEBHOOK_EVENTS:
+            raise WebhookError("events", f"unknown event {e!r}", list(WEBHOOK_EVENTS))
+    if not events:
+        raise WebhookError("events", "at least one event is needed", list(WEBHOOK_EVENTS))
+    return list(dict.fromkeys(events))
+
+
+def create_webhook(session: Session, url: str, *, secret: str | None = None, events: Sequence[str] | None = None,
+                   enabled: bool = True, now: datetime | None = None) -> Webhook:
+    """A webhook; without a secret one is generated (returned once by the API, then never shown)."""
+    if secret is not None and len(secret) < MIN_SECRET_CHARS:
+        raise WebhookError("secret", f"must have at least {MIN_SECRET_CHARS} characters")
+    hook = Webhook(url=check_url(url), secret=secret or secrets.token_hex(32),
+                   events=check_events(events if events is not None else DEFAULT_WEBHOOK_EVENTS),
+                   enabled=enabled, created_at=now or utcnow())
+    session.add(hook)
+    session.flush()
+    return hook
+
+
+def list_webhooks(session: Session) -> list[Webhook]:
+    return list(session.scalars(sa.select(Webhook).order_by(Webhook.id)))
+
+
+def get_webhook(session: Session, webhook_id: int) -> Webhook | None:
+    return session.get(Webhook, webhook_id)
+
+
+def list_deliveries(session: Session, webhook_id: int, limit: int = 100) -> list[WebhookDelivery]:
+    stmt = (sa.select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
+            .order_by(WebhookDelivery.id.desc()).limit(limit))
+    return list(session.scalars(stmt))
+
+
+def enqueue_event(session: Session, event: str, payload: dict[str, Any], regression_id: int | None = None,
+                  now: datetime | None = None) -> list[int]:
+    """One pending delivery per enabled webhook subscribed to `event`; returns their ids."""
+    assert event in WEBHOOK_EVENTS, event
+    now = now or utcnow()
+    hooks = [h for h in session.scalars(sa.select(Webhook).where(Webhook.enabled.is_(True))) if event in h.events]
+    rows = [WebhookDelivery(webhook_id=h.id, regression_id=regression_id, event=event, payload=payload,
+                            status="pending", attempt=0, attempts_log=[], next_attempt_at=now, created_at=now)
+            for h in hooks]
+    session.add_all(rows)
+    session.flush()
+    return [r.id for r in rows]
+
+
+def due_deliveries(session: Session, now: datetime, limit: int = 50) -> list[tuple[int, datetime]]:
+    stmt = (sa.select(WebhookDelivery.id, WebhookDelivery.next_attempt_at)
+            .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
+            .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(limit))
+    return [(r.id, r.next_attempt_at) for r in session.execute(stmt)]
+
+
+def claim_delivery(session: Session, delivery_id: int, seen_next_attempt_at: datetime, now: datetime,
+                   lease_s: float) -> bool:
+    """Compare-and-set: this sender owns the attempt; another sender sees next_attempt_at in the future."""
+    stmt = (sa.update(WebhookDelivery)
+            .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status == "pending",
+                   WebhookDelivery.next_attempt_at == seen_next_attempt_at)
+            .values(next_attempt_at=now + timedelta(seconds=lease_s), attempt=WebhookDelivery.attempt + 1)
+            .execution_options(synchronize_session=False))
+    return session.execute(stmt).rowcount == 1
+
+
+def record_attempt(session: Session, delivery_id: int, *, now: datetime, status_code: int | None,
+                   error: str | None, duration_ms: float, delivered: bool, retry_at: datetime | None) -> None:
+    """The outcome of one attempt: delivered, retry at `retry_at`, or failed for good (retry_at None)."""
+    d = session.get(WebhookDelivery, delivery_id)
+    assert d is not None
+    d.status_code, d.error = status_code, error
+    d.attempts_log = [*d.attempts_log, {"attempt": d.attempt, "at": now.isoformat(), "status_code": status_code,
+                                        "error": error, "duration_ms": round(duration_ms, 1)}]
+    if delivered:
+        d.status, d.delivered_at, d.next_attempt_at = "delivered", now, None
+    elif retry_at is None:
+        d.status, d.next_attempt_at = "failed", None
+    else:
+        d.next_attempt_at = retry_at
+    session.flush()
