@@ -17,8 +17,9 @@ TPS = {("bf16", 1): 1000.0, ("bf16", 2): 1900.0, ("bf16", 4): 3600.0,
        ("fp8-tensorwise", 1): 1300.0, ("fp8-tensorwise", 2): 2470.0, ("fp8-tensorwise", 4): 4680.0}
 
 
-def _result(run_key: str, tps: float, n: int, num_steps: int = 10) -> RunResult:
-    steps = [{"step": i, "loss": 6.0 - 0.01 * i, "step_ms": 100.0, "tokens": 512} for i in range(num_steps)]
+def _result(run_key: str, tps: float, n: int, num_steps: int = 10, loss_offset: float = 0.0) -> RunResult:
+    steps = [{"step": i, "loss": 6.0 - 0.01 * i + loss_offset, "step_ms": 100.0, "tokens": 512}
+             for i in range(num_steps)]
     summary = dict(num_timed_steps=num_steps, tokens_per_step=512, tokens_per_sec=tps, tokens_per_sec_per_device=tps / n,
                    step_ms_median=100.0, step_ms_min=99.0, step_ms_max=101.0, flops_per_token=1000,
                    tflops_per_device=0.1, mfu_vs_bf16_peak=0.4, peak_memory_allocated_gib=1.5 * n)

@@ -1,0 +1,263 @@
+// scalebench dashboard: hash routes, ETag polling (a 304 changes nothing), plain DOM + Chart.js.
+//   #/                      experiments (status, progress)
+//   #/experiments/ID        runs (live status) and the scaling, MFU, memory and loss charts
+//   #/compare?ids=A,B       several experiments side by side, X ratios to the first
+"use strict";
+
+const POLL_MS = Number(new URLSearchParams(location.search).get("poll_ms")) || 3000;
+const app = document.getElementById("app");
+const stats = window.SB_STATS = { requests: 0, notModified: 0, renders: 0 };
+const etags = new Map(), bodies = new Map();
+let generation = 0;
+
+function esc(s) {
+  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+// GET with If-None-Match; {changed, data}. A 304 returns the body kept from the last 200.
+async function poll(url) {
+  const headers = { Accept: "application/json" };
+  if (etags.has(url)) headers["If-None-Match"] = etags.get(url);
+  stats.requests++;
+  const r = await fetch(url, { headers, cache: "no-store" });
+  if (r.status === 304) { stats.notModified++; return { changed: false, data: bodies.get(url) }; }
+  const data = await r.json();
+  if (!r.ok) throw new Error(data.detail || `${r.status} on ${url}`);
+  if (r.headers.get("ETag")) etags.set(url, r.headers.get("ETag"));
+  bodies.set(url, data);
+  return { changed: true, data };
+}
+
+function loop(tick) {
+  const gen = ++generation;
+  const live = document.getElementById("live");
+  const run = async () => {
+    if (gen !== generation) return;
+    try { await tick(); live.classList.remove("stale"); live.textContent = `live · every ${POLL_MS / 1000} s`; }
+    catch (err) { live.classList.add("stale"); live.textContent = `API error: ${err.message}`; }
+    if (gen === generation) setTimeout(run, POLL_MS);
+  };
+  run();
+}
+
+const badge = (s) => `<span class="badge s-${esc(s)}" data-status="${esc(s)}">${esc(s)}</span>`;
+const progress = (f) => `<span class="progress" title="${Math.round(100 * f)}% of runs ended"><span style="width:${100 * f}%"></span></span>`;
+
+// ------------------------------------------------------------------------------------ experiments list
+
+function listPage() {
+  app.innerHTML = `<h1>Experiments</h1><p class="muted">Newest first. Status and progress update live.</p>
+    <div class="tablewrap" style="max-height:none"><table id="experiments"><thead><tr><th class="num">id</th><th>name</th>
+    <th>cluster</th><th>source</th><th>status</th><th>progress</th><th class="num">runs</th><th>created (UTC)</th>
+    </tr></thead><tbody></tbody></table></div>`;
+  loop(async () => {
+    const { changed, data } = await poll("/experiments?limit=200");
+    if (!changed) return;
+    stats.renders++;
+    const rows = data.items.map((e) => `<tr data-id="${e.id}"><td class="num">${e.id}</td>
+      <td><a href="#/experiments/${e.id}">${esc(e.name)}</a></td><td>${esc(e.cluster)}</td><td>${esc(e.source)}</td>
+      <td>${badge(e.status)}</td><td>${progress(e.progress)} ${Math.round(100 * e.progress)}%</td>
+      <td class="num">${e.num_runs}</td><td>${esc(e.created_at.slice(0, 19).replace("T", " "))}</td></tr>`);
+    document.querySelector("#experiments tbody").innerHTML = rows.join("") ||
+      `<tr><td colspan="8" class="muted">No experiments yet: POST /experiments or /experiments/import.</td></tr>`;
+  });
+}
+
+// ------------------------------------------------------------------------------------ one experiment
+
+const CHARTS = [
+  ["throughput", "Throughput X(N)", "global tokens/s, log scale; dotted: ideal linear scaling from N0"],
+  ["efficiency", "Scaling efficiency E(N)", "X(N) / (X(N0)·N/N0), %; dashed: 100%"],
+  ["speedup", "fp8 speedup S(N)", "X_fp8 / X_bf16 at the same layout and N; dashed: 1×"],
+  ["mfu", "MFU", "% of the device's dense bf16 peak (fp8 runs too)"],
+  ["memory", "Peak memory", "GiB allocated, max over ranks"],
+  ["loss", "Loss: fp8 vs bf16", "training loss per step, one run per precision and layout"],
+];
+
+function experimentPage(id) {
+  app.innerHTML = `<div id="head"><h1>Experiment ${id}</h1></div>
+    <div class="grid">${CHARTS.map(([k, t, s]) => `<div class="card"><h3>${t}</h3><div class="sub">${s}</div>
+      ${k === "loss" ? `<div class="controls"><label>N = <select id="loss-n"></select></label></div>` : ""}
+      <div class="chart" id="chart-${k}" data-points="0"></div></div>`).join("")}</div>
+    <h2>Fits and notes</h2><div id="fits" class="note"></div>
+    <h2>Runs</h2><div class="tablewrap"><table id="runs"><thead><tr><th class="num">run</th><th>precision</th><th>layout</th>
+    <th class="num">N</th><th class="num">repeat</th><th>status</th><th>worker</th><th>started (UTC)</th><th>finished (UTC)</th>
+    <th>error</th></tr></thead><tbody></tbody></table></div>`;
+  let lossN = null;
+  const lossSelect = document.getElementById("loss-n");
+  lossSelect.addEventListener("change", () => { lossN = Number(lossSelect.value); drawLosses(bodies.get(`/experiments/${id}/losses`), lossN); });
+  loop(async () => {
+    const exp = await poll(`/experiments/${id}`);
+    if (!exp.changed) return;  // nothing moved: no other request, no re-render
+    stats.renders++;
+    renderHead(exp.data);
+    const [runs, scaling, losses] = await Promise.all([poll(`/experiments/${id}/runs?limit=1000`),
+      poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`)]);
+    if (runs.changed) renderRuns(runs.data.items);
+    if (scaling.changed) renderScaling(scaling.data);
+    if (losses.changed) { lossN = fillLossSelect(lossSelect, losses.data, lossN); drawLosses(losses.data, lossN); }
+  });
+}
+
+function renderHead(e) {
+  const s = e.spec || {};
+  document.getElementById("head").innerHTML = `<h1>${esc(e.name)} <span class="muted">#${e.id}</span> ${badge(e.status)}</h1>
+    <div class="meta"><span>cluster <b>${esc(e.cluster)}</b></span><span>model <b>${esc(s.model)}${s.num_layers ? ` (${s.num_layers} layers)` : ""}</b></span>
+    <span>scaling <b>${esc(s.scaling)}</b></span><span>seq_len <b>${esc(s.seq_len)}</b></span><span>source <b>${esc(e.source)}</b></span>
+    <span id="exp-progress">${progress(e.progress)} <b>${Object.entries(e.counts).filter(([, n]) => n).map(([k, n]) => `${n} ${k}`).join(", ")}</b></span>
+    <span><a href="/experiments/${e.id}/scaling?format=csv">CSV</a> · <a href="/experiments/${e.id}/scaling.png">PNG</a> ·
+    <a href="#/compare?ids=${e.id}">compare…</a></span></div>`;
+}
+
+function renderRuns(items) {
+  document.querySelector("#runs tbody").innerHTML = items.map((r) => `<tr id="run-${r.id}" data-status="${esc(r.status)}">
+    <td class="num"><a href="/runs/${r.id}">${r.id}</a></td><td>${esc(r.precision)}</td><td>${esc(r.layout)}</td>
+    <td class="num">${r.num_devices}</td><td class="num">${r.repeat}</td><td>${badge(r.status)}</td><td>${esc(r.worker || "")}</td>
+    <td>${esc((r.started_at || "").slice(0, 19).replace("T", " "))}</td><td>${esc((r.finished_at || "").slice(0, 19).replace("T", " "))}</td>
+    <td class="err">${r.error_kind ? `${esc(r.error_kind)}: ${esc((r.error_message || "").slice(0, 160))}` : ""}</td></tr>`).join("");
+}
+
+function styleFor(series, prefix) {
+  const layouts = [...new Set(series.map((s) => s.key.layout))].sort();
+  const multiModel = new Set(series.map((s) => `${s.key.model}/${s.key.num_layers}`)).size > 1;
+  const multiCluster = new Set(series.map((s) => s.key.cluster)).size > 1;
+  const precisions = [...new Set(series.map((s) => s.key.precision))];
+  return { label: (s) => SB.seriesLabel(s.key, { model: multiModel, cluster: multiCluster, prefix: prefix && prefix(s) }),
+    color: (s) => SB.colorOf(s.key.precision, precisions.indexOf(s.key.precision)),
+    dash: (s) => SB.LAYOUT_DASHES[layouts.indexOf(s.key.layout) % SB.LAYOUT_DASHES.length] };
+}
+
+function scalingPanel(el, series, counts, style, kind) {
+  const spec = { throughput: ["tokens_per_sec", 1, "tokens/s", "global throughput X(N) (tokens/s)"],
+    efficiency: ["efficiency", 100, "%", "scaling efficiency E(N) (%)"],
+    speedup: ["fp8_speedup", 1, "×", "fp8 speedup over bf16 S(N) (×)"],
+    mfu: ["mfu_vs_bf16_peak", 100, "%", "MFU vs dense bf16 peak (%)"],
+    memory: ["peak_memory_allocated_gib", 1, "GiB", "peak memory allocated (GiB)"] }[kind];
+  const [attr, scale, unit, title] = spec;
+  const data = SB.seriesDatasets(series, attr, scale, style);
+  if (!counts.length || (!data.length && !series.some((s) => s.points.some((p) => p.status === "failed")))) {
+    const why = { speedup: "no fp8/bf16 pair measured at the same layout and N", mfu: "no MFU: the device is not in the peak table (or no run succeeded)" }[kind];
+    return SB.emptyChart(el, why || "no measured point yet");
+  }
+  const ys = data.flatMap((d) => d.data.map((p) => p.y));
+  const log = kind === "throughput";
+  const lowest = ys.length ? Math.min(...ys) : 1;
+  const failedAt = log ? lowest / 1.8 : 0;
+  const datasets = [...data];
+  if (kind === "throughput") datasets.push(...SB.idealDatasets(series, style));
+  if (kind === "efficiency") datasets.push(SB.refLine(counts, 100, "ideal (100%)"));
+  if (kind === "speedup") datasets.push(SB.refLine(counts, 1, "no speedup (1×)"));
+  if (kind !== "speedup") { const f = SB.failedDataset(series, failedAt, style); if (f) datasets.push(f); }
+  const y = log ? { type: "logarithmic", min: failedAt / 1.3, title: { display: true, text: title }, ticks: { callback: SB.logTick } }
+    : { type: "linear", beginAtZero: kind !== "speedup", title: { display: true, text: title } };
+  if (kind === "efficiency") y.suggestedMax = 110;
+  SB.drawChart(el, "line", { datasets }, SB.chartOptions(SB.gpuAxis(counts), y, unit));
+}
+
+function renderScaling(report) {
+  const style = styleFor(report.series);
+  for (const kind of ["throughput", "efficiency", "speedup", "mfu", "memory"]) {
+    const series = kind === "speedup" ? report.series.filter((s) => s.key.precision.startsWith("fp8")) : report.series;
+    scalingPanel(document.getElementById(`chart-${kind}`), series, report.gpu_counts, style, kind);
+  }
+  document.getElementById("fits").innerHTML = report.series.map((s) => {
+    const a = s.amdahl, u = s.usl;
+    const fit = a.fitted ? `Amdahl s=${SB.fmt(a.serial_fraction, 4)} (R²=${SB.fmt(a.r_squared, 3)})` : esc(a.reason);
+    const usl = u.fitted ? `USL σ=${SB.fmt(u.sigma, 4)} κ=${SB.fmt(u.kappa, 6)}${u.peak_num_devices ? `, peak N*≈${Math.round(u.peak_num_devices)}${u.peak_extrapolated ? " (extrapolated)" : ""}` : ""}` : "";
+    const pred = u.prediction ? `; predicted E(${u.prediction.num_devices})=${SB.fmt(100 * (u.prediction.efficiency || 0), 1)}%${u.prediction.extrapolated ? " (extrapolation)" : ""}` : "";
+    return `<div><b>${esc(style.label(s))}</b> · N0=${s.baseline_num_devices ?? "–"} · ${fit}${usl ? " · " + usl : ""}${pred}${s.notes.length ? ` · <i>${esc(s.notes.join("; "))}</i>` : ""}</div>`;
+  }).join("") || "no series yet";
+}
+
+function fillLossSelect(select, losses, current) {
+  const ns = [...new Set(losses.curves.map((c) => c.num_devices))].sort((a, b) => a - b);
+  const pick = ns.includes(current) ? current : ns[ns.length - 1] ?? null;
+  select.innerHTML = ns.map((n) => `<option value="${n}" ${n === pick ? "selected" : ""}>${n}</option>`).join("");
+  return pick;
+}
+
+function drawLosses(losses, n) {
+  const el = document.getElementById("chart-loss");
+  const curves = losses ? losses.curves.filter((c) => c.num_devices === n) : [];
+  if (!curves.length) return SB.emptyChart(el, "no loss curve yet");
+  const layouts = [...new Set(curves.map((c) => c.layout))].sort();
+  const datasets = curves.map((c, i) => ({ label: `${c.precision} · ${c.layout}${c.repeat ? ` (repeat ${c.repeat})` : ""}`,
+    data: c.steps.map((s, j) => ({ x: s, y: c.losses[j] })), borderColor: SB.colorOf(c.precision, i),
+    backgroundColor: SB.colorOf(c.precision, i), borderDash: SB.LAYOUT_DASHES[layouts.indexOf(c.layout) % 4],
+    pointRadius: 0, borderWidth: 1.6, _count: true }));
+  const opts = SB.chartOptions({ type: "linear", title: { display: true, text: `step (N=${n} GPUs)` } },
+    { type: "linear", title: { display: true, text: "training loss" } }, "");
+  SB.drawChart(el, "line", { datasets }, opts);
+}
+
+// ------------------------------------------------------------------------------------------ compare
+
+function comparePage(params) {
+  const ids = (params.get("ids") || "").split(",").filter(Boolean);
+  app.innerHTML = `<h1>Compare experiments</h1><div class="controls"><label>experiment ids <input id="ids" size="24"
+    placeholder="e.g. 3,7 (first = reference)" value="${esc(ids.join(","))}"></label><button id="go">compare</button>
+    <span class="note">ratios are X(N) of each experiment over the first, per matching precision · layout</span></div>
+    <div id="cmp-body"></div>`;
+  document.getElementById("go").onclick = () => { location.hash = `#/compare?ids=${document.getElementById("ids").value.replace(/\s/g, "")}`; };
+  if (ids.length < 2) { document.getElementById("cmp-body").innerHTML = `<div class="empty">Name two or more experiment ids.</div>`; return; }
+  document.getElementById("cmp-body").innerHTML = `<div class="grid">
+    <div class="card"><h3>Throughput X(N)</h3><div class="sub">global tokens/s, log scale</div><div class="chart" id="cmp-throughput"></div></div>
+    <div class="card"><h3>Scaling efficiency E(N)</h3><div class="sub">% of linear from each experiment's N0</div><div class="chart" id="cmp-efficiency"></div></div>
+    <div class="card"><h3>Ratio to #${esc(ids[0])}</h3><div class="sub">X_other(N) / X_reference(N), ×; dashed: parity</div><div class="chart" id="cmp-ratio"></div></div>
+    </div><h2>Ratios</h2><div class="tablewrap"><table id="ratios"></table></div>`;
+  loop(async () => {
+    const { changed, data } = await poll(`/compare?experiments=${ids.join(",")}`);
+    if (!changed) return;
+    stats.renders++;
+    renderCompare(data);
+  });
+}
+
+function renderCompare(data) {
+  const all = data.experiments.flatMap((e) => e.report.series.map((s) => ({ ...s, _exp: e })));
+  const counts = [...new Set(data.experiments.flatMap((e) => e.report.gpu_counts))].sort((a, b) => a - b);
+  const expIndex = new Map(data.experiments.map((e, i) => [e.id, i]));
+  const base = styleFor(all);
+  const oneCluster = new Set(data.experiments.map((e) => e.cluster)).size === 1;  // then names tell them apart
+  const tag = (e) => `#${e.id} ${oneCluster ? e.name.slice(0, 32) : e.cluster}`;
+  const style = { label: (s) => `${tag(s._exp)} · ${s.key.precision} · ${s.key.layout}`, color: base.color,
+    dash: (s) => SB.LAYOUT_DASHES[expIndex.get(s._exp.id) % SB.LAYOUT_DASHES.length] };
+  scalingPanel(document.getElementById("cmp-throughput"), all, counts, style, "throughput");
+  scalingPanel(document.getElementById("cmp-efficiency"), all, counts, style, "efficiency");
+  const groups = new Map();
+  data.ratios.forEach((r) => {
+    const k = `#${r.experiment_id} / #${r.reference_experiment_id} · ${r.precision} · ${r.layout}`;
+    if (!groups.has(k)) groups.set(k, { r, pts: [] });
+    groups.get(k).pts.push({ x: r.num_devices, y: r.ratio });
+  });
+  const el = document.getElementById("cmp-ratio");
+  if (!groups.size) SB.emptyChart(el, "no series measured at a common N");
+  else {
+    const ds = [...groups.entries()].map(([label, g], i) => ({ label, data: g.pts.sort((a, b) => a.x - b.x),
+      borderColor: SB.colorOf(g.r.precision, i), backgroundColor: SB.colorOf(g.r.precision, i), pointRadius: 4,
+      borderDash: SB.LAYOUT_DASHES[expIndex.get(g.r.experiment_id) % SB.LAYOUT_DASHES.length], _count: true }));
+    ds.push(SB.refLine(counts, 1, "parity (1×)"));
+    SB.drawChart(el, "line", { datasets: ds }, SB.chartOptions(SB.gpuAxis(counts),
+      { type: "linear", title: { display: true, text: "throughput ratio (×)" } }, "×"));
+  }
+  document.getElementById("ratios").innerHTML = `<thead><tr><th>experiment / reference</th><th>precision</th><th>layout</th>
+    <th class="num">N</th><th class="num">X (tokens/s)</th><th class="num">X ref (tokens/s)</th><th class="num">ratio</th>
+    <th class="num">E</th><th class="num">E ref</th></tr></thead><tbody>${data.ratios.map((r) => `<tr>
+    <td>#${r.experiment_id} ${esc(r.cluster)} / #${r.reference_experiment_id} ${esc(r.reference_cluster)}</td><td>${esc(r.precision)}</td>
+    <td>${esc(r.layout)}</td><td class="num">${r.num_devices}</td><td class="num">${SB.fmt(r.tokens_per_sec)}</td>
+    <td class="num">${SB.fmt(r.reference_tokens_per_sec)}</td><td class="num">${r.ratio.toFixed(3)}×</td>
+    <td class="num">${r.efficiency === null ? "–" : (100 * r.efficiency).toFixed(1) + "%"}</td>
+    <td class="num">${r.reference_efficiency === null ? "–" : (100 * r.reference_efficiency).toFixed(1) + "%"}</td></tr>`).join("")}</tbody>`;
+}
+
+// ------------------------------------------------------------------------------------------- routing
+
+function route() {
+  const [path, query] = (location.hash.slice(1) || "/").split("?");
+  const m = path.match(/^\/experiments\/(\d+)$/);
+  if (m) experimentPage(Number(m[1]));
+  else if (path === "/compare") comparePage(new URLSearchParams(query || ""));
+  else listPage();
+}
+window.addEventListener("hashchange", route);
+route();

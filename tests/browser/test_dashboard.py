@@ -1,0 +1,158 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright (no browser download),
+against a real uvicorn server on the test Postgres, with imported results and one experiment whose runs
+change status while the page is open. Screenshots go to artifacts/ (kept as test artifacts).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import uvicorn
+
+from core.settings import Settings
+from db.runs import claim_run, mark_failed, record_result
+from db.session import session_scope
+from tests.api.test_analysis import TPS, _result
+from tests.api.test_import import _point
+from tests.db.helpers import add_experiment
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+POLL_MS = 400
+
+
+@pytest.fixture
+def server(test_settings: Settings, api_token: str) -> Iterator[str]:
+    """uvicorn serving create_app on 127.0.0.1 and a free port, in a thread."""
+    from api.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(test_settings, dispatch_interval_s=None), host="127.0.0.1", port=port,
+                            log_level="warning", lifespan="on")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def browser_page():  # noqa: ANN201
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed at /usr/bin/chromium (scripts/test-deps.sh installs it as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        yield page, errors
+        browser.close()
+
+
+def _live_experiment(factory) -> tuple[int, dict[tuple[str, int], int]]:  # noqa: ANN001
+    """debug model, bf16 + fp8-tensorwise at N = 1, 2, 4: four succeeded, bf16 N=4 failed, fp8 N=4 queued."""
+    with session_scope(factory) as s:
+        exp_id, _ = add_experiment(s, name="live fp8 scaling")
+        rows = s.execute(sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"),
+                         {"e": exp_id}).all()
+        ids = {}
+        for run_id, key, precision, n in rows:
+            ids[(precision, n)] = run_id
+            if n == 4 and precision != "bf16":
+                continue
+            claim_run(s, run_id, "worker-1", "host", 60)
+            if n == 4:
+                mark_failed(s, run_id, "oom", "CUDA out of memory (tried to allocate 2.00 GiB)")
+            else:
+                offset = 0.02 if precision != "bf16" else 0.0  # fp8 a little above bf16: two visible curves
+                record_result(s, run_id, _result(key, TPS[(precision, n)], n, num_steps=50, loss_offset=offset))
+    return exp_id, ids
+
+
+def _import_published(base: str, token: str) -> list[int]:
+    out = []
+    for name, techniques, compile in (("torchtitan FSDP eager (H100)", [("eager", "bf16")], False),
+                                      ("torchtitan FSDP compile + Float8 (H100)",
+                                       [("compile", "bf16"), ("float8", "fp8-tensorwise")], True)):
+        body = {"name": name, "model": "8b", "cluster": "grand-teton-h100", "vendor": "nvidia",
+                "device_name": "NVIDIA H100 (96GB HBM2e, 500W)", "scaling": "weak", "seq_len": 8192,
+                "local_batch_size": 2, "compile": compile,
+                "points": [_point(t, n, p) for t, p in techniques for n in (8, 128)]}
+        r = httpx.post(f"{base}/experiments/import", json=body, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 201, r.text
+        out.append(r.json()["id"])
+    return out
+
+
+def _attr(page, selector: str, name: str) -> str:  # noqa: ANN001
+    return page.get_attribute(selector, name)
+
+
+def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_session_factory, browser_page) -> None:  # noqa: ANN001
+    page, errors = browser_page
+    eager_id, compiled_id = _import_published(server, api_token)
+    exp_id, run_ids = _live_experiment(pg_session_factory)
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    page.goto(f"{server}/?poll_ms={POLL_MS}#/")
+    page.wait_for_selector(f"#experiments tr[data-id='{exp_id}']")
+    assert page.locator("#experiments tbody tr").count() == 3
+
+    page.goto(f"{server}/?poll_ms={POLL_MS}#/experiments/{exp_id}")
+    page.wait_for_selector("#chart-throughput canvas")
+    # bf16 and fp8 measured at N=1, 2; bf16 N=4 failed (a red cross), fp8 N=4 queued (nothing drawn yet)
+    assert _attr(page, "#chart-throughput", "data-points") == "4"
+    assert _attr(page, "#chart-throughput", "data-failed") == "1"
+    assert _attr(page, "#chart-efficiency", "data-points") == "4"
+    assert _attr(page, "#chart-speedup", "data-points") == "2"
+    assert _attr(page, "#chart-memory", "data-points") == "4"
+    assert _attr(page, "#chart-loss", "data-points") == "100"  # N=2: two curves of 50 steps
+    fp8_run = f"#run-{run_ids[('fp8-tensorwise', 4)]}"
+    assert _attr(page, fp8_run, "data-status") == "queued"
+    legend = page.evaluate("Chart.getChart(document.querySelector('#chart-throughput canvas'))"
+                           ".data.datasets.map(d => d.label)")
+    assert "bf16 · fsdp" in legend and "fp8-tensorwise · fsdp" in legend and "failed run (no value)" in legend
+
+    # the page keeps polling; unchanged answers are 304s and change nothing
+    renders = page.evaluate("SB_STATS.renders")
+    page.wait_for_function("SB_STATS.notModified >= 2", timeout=10_000)
+    assert page.evaluate("SB_STATS.renders") == renders
+
+    with session_scope(pg_session_factory) as s:
+        assert claim_run(s, run_ids[("fp8-tensorwise", 4)], "worker-2", "host", 60)
+    page.wait_for_selector(f"{fp8_run}[data-status='running']", timeout=10_000)
+    with session_scope(pg_session_factory) as s:
+        key = s.scalar(sa.text("SELECT run_key FROM runs WHERE id = :i"), {"i": run_ids[("fp8-tensorwise", 4)]})
+        assert record_result(s, run_ids[("fp8-tensorwise", 4)], _result(key, 4680.0, 4, num_steps=50))
+    page.wait_for_selector(f"{fp8_run}[data-status='succeeded']", timeout=10_000)
+    page.wait_for_function("document.querySelector('#chart-throughput').dataset.points === '5'", timeout=10_000)
+    assert page.locator("#head [data-status]").first.get_attribute("data-status") == "failed"  # all ended, one failed
+    page.screenshot(path=str(ARTIFACTS / "dashboard-experiment.png"), full_page=True)
+
+    page.goto(f"{server}/?poll_ms={POLL_MS}#/compare?ids={eager_id},{compiled_id}")
+    page.wait_for_selector("#cmp-ratio canvas")
+    assert _attr(page, "#cmp-ratio", "data-points") == "2"  # compiled bf16 / eager bf16 at N = 8, 128
+    assert _attr(page, "#cmp-throughput", "data-points") == "6"
+    assert page.locator("#ratios tbody tr").count() == 2
+    page.screenshot(path=str(ARTIFACTS / "dashboard-compare.png"), full_page=True)
+    assert not errors, errors
