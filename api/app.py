@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI
 from api.dispatcher import dispatcher_loop
 from api.problems import install_problem_handlers
 from api.routers import analysis, clusters, dashboard, experiments, health, imports, runs
+from api.routers import regressions, suites, webhooks
 from core.clusters import load_clusters
 from core.settings import Settings
 from db.session import make_engine, make_session_factory
@@ -31,6 +32,9 @@ ROUTERS: list[APIRouter] = [
     imports.router,
     analysis.router,
     dashboard.router,
+    suites.router,
+    regressions.router,
+    webhooks.router,
 ]
 
 DESCRIPTION = """\

@@ -1,0 +1,162 @@
+"""Request and response schemas of the nightly resources: suites, regressions, webhooks."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.specs import ExperimentSpec
+from db.models_nightly import DEFAULT_SCHEDULE, DEFAULT_WEBHOOK_EVENTS
+
+NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
+RegressionStatus = Literal["suspected", "confirmed", "recovered", "improved", "failed"]
+MetricName = Literal["tokens_per_sec", "efficiency", "fp8_speedup", "peak_memory_allocated_gib", "fp8_loss_gap",
+                     "run_status"]
+WebhookEvent = Literal["regression.suspected", "regression.confirmed", "regression.failed",
+                       "regression.recovered", "regression.improved"]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SuiteCreate(_In):
+    name: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL_CHARS, description="Unique suite name.")
+    spec: ExperimentSpec = Field(description="The experiment template fired on every run of the schedule.")
+    cluster: str | None = Field(None, min_length=1, max_length=100,
+                                description="Cluster to run on (default: the spec's cluster).")
+    schedule: str = Field(DEFAULT_SCHEDULE, max_length=100,
+                          description="5-field cron in UTC (minute hour day-of-month month day-of-week).")
+    enabled: bool = True
+    thresholds: dict[str, float] = Field({}, description="Per metric: relative threshold (fraction), or the "
+                                                         "absolute limit for fp8_loss_gap.")
+    baseline_nights: int = Field(7, ge=3, le=60, description="K: baseline = median of the last K good nights.")
+
+
+class SuiteUpdate(_In):
+    enabled: bool | None = None
+    schedule: str | None = Field(None, max_length=100)
+    thresholds: dict[str, float] | None = None
+    baseline_nights: int | None = Field(None, ge=3, le=60)
+
+
+class SuiteRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    name: str
+    spec: dict[str, Any]
+    cluster: str
+    schedule: str
+    enabled: bool
+    thresholds: dict[str, float]
+    effective_thresholds: dict[str, float] = Field({}, description="Thresholds in use (defaults included).")
+    baseline_nights: int
+    last_fired_at: datetime | None
+    next_fire_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TriggerRead(BaseModel):
+    suite_id: int
+    experiment_id: int
+    num_runs: int
+    dispatched: bool
+
+
+class RegressionRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    suite_id: int
+    run_key: str
+    cluster: str
+    metric: str
+    point: dict[str, Any]
+    status: RegressionStatus
+    is_open: bool = False
+    baseline: float | None
+    band_low: float | None
+    band_high: float | None
+    value: float | None
+    delta_pct: float | None
+    message: str
+    likely_cause: list[str] = []
+    first_bad_experiment_id: int | None
+    first_bad_run_id: int | None
+    last_good_run_id: int | None
+    latest_experiment_id: int | None
+    num_bad_nights: int
+    resolution: str | None
+    acknowledged_at: datetime | None
+    resolved_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class RegressionDetail(RegressionRead):
+    env_diff: dict[str, Any] | None = Field(None, description="Last good vs first bad run; changed keys first.")
+    events: list[dict[str, Any]] = []
+
+
+class RegressionPage(BaseModel):
+    items: list[RegressionRead]
+    next_cursor: str | None
+
+
+class HistoryNight(BaseModel):
+    timestamp: datetime
+    run_id: int | str | None
+    status: str
+    value: float | None
+    flagged: bool
+    baseline: float | None
+    band_low: float | None
+    band_high: float | None
+    limit: float | None
+
+
+class RegressionHistory(BaseModel):
+    regression_id: int
+    metric: str
+    higher_is_better: bool
+    nights: list[HistoryNight]
+
+
+class WebhookCreate(_In):
+    url: str = Field(min_length=8, max_length=2000, pattern=NO_CONTROL_CHARS)
+    secret: str | None = Field(None, min_length=16, max_length=200,
+                               description="HMAC-SHA256 key; generated when absent (shown once).")
+    events: list[WebhookEvent] = Field(list(DEFAULT_WEBHOOK_EVENTS), min_length=1)
+    enabled: bool = True
+
+
+class WebhookRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    url: str
+    events: list[str]
+    enabled: bool
+    created_at: datetime
+
+
+class WebhookCreated(WebhookRead):
+    secret: str = Field(description="Shown only in this response. Verify X-Scalebench-Signature with it.")
+
+
+class DeliveryRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    webhook_id: int
+    regression_id: int | None
+    event: str
+    status: Literal["pending", "delivered", "failed"]
+    attempt: int
+    status_code: int | None
+    error: str | None
+    attempts_log: list[dict[str, Any]]
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    created_at: datetime

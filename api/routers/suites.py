@@ -1,0 +1,106 @@
+"""Suites: saved experiment templates on a cron schedule. Create, list, read, update, trigger now.
+
+The beat (worker/nightly.py) reads suites from the database every tick: a new or changed suite takes
+effect without a restart. A trigger creates the experiment through the same path as a scheduled firing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Response
+from sqlalchemy.orm import Session
+
+from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
+from api.nightly_schemas import SuiteCreate, SuiteRead, SuiteUpdate, TriggerRead
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
+from core.matrix import MatrixError
+from db import suites as q
+from db.models import utcnow
+from db.models_nightly import Suite
+from worker.nightly import fire_suite
+
+router = APIRouter(prefix="/suites", tags=["suites"])
+SuiteId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Suite id.")]
+
+
+def _problem(exc: q.SuiteError) -> ProblemError:
+    return ProblemError(422, str(exc), [FieldError(field=exc.field, message=exc.message, allowed=exc.allowed)])
+
+
+def suite_read(suite: Suite) -> dict[str, Any]:
+    configs = q.metric_configs(suite)
+    effective = {name: (c.limit if c.limit is not None else c.threshold) for name, c in configs.items()}
+    return SuiteRead.model_validate(suite).model_dump() | {"effective_thresholds": effective}
+
+
+def _get_or_404(session: Session, suite_id: int) -> Suite:
+    suite = q.get_suite(session, suite_id)
+    if suite is None:
+        raise ProblemError(404, f"suite {suite_id} does not exist")
+    return suite
+
+
+@router.post("", status_code=201, response_model=SuiteRead, responses=PROBLEM_RESPONSES,
+             summary="Create a suite: an experiment template fired on a cron schedule (default nightly)")
+def create_suite(body: SuiteCreate, session: SessionDep, clusters: ClustersDep, _auth: WriteAuth,
+                 response: Response) -> Any:
+    cluster_name = body.cluster or body.spec.cluster
+    if cluster_name not in clusters:
+        raise ProblemError(422, f"unknown cluster {cluster_name!r}", [FieldError(
+            field="cluster", message=f"unknown cluster {cluster_name!r}", allowed=sorted(clusters))])
+    if q.get_suite_by_name(session, body.name) is not None:
+        raise ProblemError(409, f"a suite named {body.name!r} exists", [FieldError(
+            field="name", message="already used by another suite")])
+    try:
+        q.check_expands(body.spec, clusters[cluster_name])
+        suite = q.create_suite(session, name=body.name, spec=body.spec, cluster=cluster_name,
+                               schedule=body.schedule, enabled=body.enabled, thresholds=body.thresholds,
+                               baseline_nights=body.baseline_nights)
+    except q.SuiteError as exc:
+        raise _problem(exc) from exc
+    except MatrixError as exc:
+        raise ProblemError(422, "the suite's matrix has no valid point on its cluster", [FieldError(
+            field="spec", message=f"{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}") for p in exc.skipped]) from exc
+    session.commit()
+    response.headers["Location"] = f"/suites/{suite.id}"
+    return suite_read(suite)
+
+
+@router.get("", response_model=list[SuiteRead], responses=PROBLEM_RESPONSES, summary="List suites")
+def list_suites(session: SessionDep, _auth: ReadAuth, enabled: bool | None = None) -> Any:
+    return [suite_read(s) for s in q.list_suites(session, enabled=enabled)]
+
+
+@router.get("/{suite_id}", response_model=SuiteRead, responses=PROBLEM_RESPONSES, summary="A suite")
+def get_suite(suite_id: SuiteId, session: SessionDep, _auth: ReadAuth) -> Any:
+    return suite_read(_get_or_404(session, suite_id))
+
+
+@router.patch("/{suite_id}", response_model=SuiteRead, responses=PROBLEM_RESPONSES,
+              summary="Enable, disable, reschedule, or change thresholds (next firing recomputed)")
+def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _auth: WriteAuth) -> Any:
+    suite = _get_or_404(session, suite_id)
+    try:
+        q.update_suite(session, suite, enabled=body.enabled, schedule=body.schedule, thresholds=body.thresholds,
+                       baseline_nights=body.baseline_nights)
+    except q.SuiteError as exc:
+        session.rollback()
+        raise _problem(exc) from exc
+    session.commit()
+    return suite_read(suite)
+
+
+@router.post("/{suite_id}/trigger", status_code=201, response_model=TriggerRead, responses=PROBLEM_RESPONSES,
+             summary="Fire the suite now (its schedule is unchanged)")
+def trigger_suite(suite_id: SuiteId, session: SessionDep, celery: CeleryDep, clusters: ClustersDep,
+                  _auth: WriteAuth, response: Response) -> TriggerRead:
+    suite = _get_or_404(session, suite_id)
+    fired = fire_suite(session, celery, suite, clusters, utcnow())
+    if fired.experiment_id is None:
+        raise ProblemError(422, f"the suite could not fire: {fired.error}", [FieldError(
+            field="cluster" if (fired.error or "").startswith("cluster") else "spec", message=fired.error or "",
+            allowed=sorted(clusters) if (fired.error or "").startswith("cluster") else None)])
+    response.headers["Location"] = f"/experiments/{fired.experiment_id}"
+    return TriggerRead(suite_id=suite.id, experiment_id=fired.experiment_id, num_runs=len(fired.run_ids),
+                       dispatched=fired.dispatched)
