@@ -23,6 +23,10 @@ class SlurmOptions(BaseModel):
     time_limit: str | None = Field(None, description="sbatch --time, e.g. 02:00:00")
     shared_dir: str | None = Field(None, description="Run directories on a path every node sees.")
     extra_args: list[str] = []
+    python: str | None = Field(None, description="Interpreter that runs torchrun and the runner on the nodes "
+                                                 "(default: the worker's own, which every node must see).")
+    tasks_per_node: int = Field(1, ge=1, le=64, description="torchrun agents per node; above 1 only for vendor "
+                                                             "'cpu' (a one-node test cluster standing in for several).")
 
     @field_validator("extra_args")
     @classmethod
