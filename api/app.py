@@ -56,6 +56,8 @@ def create_app(settings: Settings | None = None, *, dispatch_interval_s: float |
         engine = make_engine(s.database_url)
         app.state.settings, app.state.engine = s, engine
         app.state.session_factory = make_session_factory(engine)
+        # Same pool; connections check out in autocommit for GET/HEAD (see api.deps.get_session).
+        app.state.read_session_factory = make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))
         app.state.celery = make_celery(s)
         app.state.clusters = load_clusters(s.clusters_file)
         task = None

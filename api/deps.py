@@ -5,12 +5,13 @@ The session is owned by the request: opened here, closed after the response; end
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from celery import Celery
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api.problems import FieldError, ProblemError
 from core.clusters import Cluster
@@ -19,20 +20,33 @@ from db.models import ApiToken
 from db.tokens import verify_token
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.session_factory() as session:
+# Dependencies that do no I/O are `async def`: FastAPI runs sync ones in the thread pool, one hop each.
+
+
+READ_METHODS = ("GET", "HEAD")
+
+
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """A Session per request. Reads run in autocommit (no BEGIN/ROLLBACK round trips: each statement sees
+    committed data); writes get a transaction that the endpoint commits. Creating a session does no I/O;
+    closing it returns the connection to the pool, so that runs in the thread pool."""
+    state = request.app.state
+    session = (state.read_session_factory if request.method in READ_METHODS else state.session_factory)()
+    try:
         yield session
+    finally:
+        await run_in_threadpool(session.close)
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_celery(request: Request) -> Celery:
+async def get_celery(request: Request) -> Celery:
     return request.app.state.celery
 
 
-def get_clusters(request: Request) -> dict[str, Cluster]:
+async def get_clusters(request: Request) -> dict[str, Cluster]:
     return request.app.state.clusters
 
 
@@ -69,13 +83,13 @@ def require_token(session: SessionDep,
     return _check_bearer(session, authorization)
 
 
-def read_access(session: SessionDep, settings: SettingsDep,
-                authorization: Annotated[str | None, Header(description="Bearer <token> (when reads require one)")] = None
-                ) -> ApiToken | None:
+async def read_access(session: SessionDep, settings: SettingsDep,
+                      authorization: Annotated[str | None, Header(
+                          description="Bearer <token> (when reads require one)")] = None) -> ApiToken | None:
     """Reads: open unless settings.require_read_token."""
     if not settings.require_read_token:
         return None
-    return _check_bearer(session, authorization)
+    return await run_in_threadpool(_check_bearer, session, authorization)
 
 
 WriteAuth = Annotated[ApiToken, Depends(require_token)]

@@ -106,6 +106,18 @@ def experiment_status(session: Session, experiment_id: int) -> ExperimentStatus:
     return ExperimentStatus(status=derive_status(counts), counts=counts)
 
 
+def experiment_with_status(session: Session, experiment_id: int) -> tuple[Experiment, ExperimentStatus] | None:
+    """An experiment and its run counts in one round trip (the hot read of dashboards that poll)."""
+    counts = [sa.func.coalesce(_count(s), 0).label(s) for s in RUN_STATUSES]
+    stmt = (sa.select(Experiment, *counts).outerjoin(Run, Run.experiment_id == Experiment.id)
+            .where(Experiment.id == experiment_id).group_by(Experiment.id))
+    row = session.execute(stmt).first()
+    if row is None:
+        return None
+    by_status = {s: int(row._mapping[s]) for s in RUN_STATUSES}
+    return row[0], ExperimentStatus(status=derive_status(by_status), counts=by_status)
+
+
 def statuses_for(session: Session, experiment_ids: Sequence[int]) -> dict[int, ExperimentStatus]:
     """Derived status and counts of several experiments in one query."""
     if not experiment_ids:

@@ -180,8 +180,10 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: Read
     if unchanged:
         return unchanged
     response.headers.update(headers)
-    exp = _get_or_404(session, experiment_id)
-    return experiment_read(exp, q.experiment_status(session, exp.id))
+    found = q.experiment_with_status(session, experiment_id)  # experiment + run counts: one round trip
+    if found is None:
+        raise ProblemError(404, f"experiment {experiment_id} does not exist")
+    return experiment_read(*found)
 
 
 @router.post("/{experiment_id}/cancel", response_model=CancelRead, responses=PROBLEM_RESPONSES,
