@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI
 from api.dispatcher import dispatcher_loop
 from api.problems import install_problem_handlers
 from api.routers import analysis, clusters, dashboard, experiments, health, imports, runs
-from api.routers import regressions, suites, webhooks
+from api.routers import metrics, regressions, suites, webhooks
 from core.clusters import load_clusters
 from core.settings import Settings
 from db.session import make_engine, make_session_factory
@@ -35,6 +35,7 @@ ROUTERS: list[APIRouter] = [
     suites.router,
     regressions.router,
     webhooks.router,
+    metrics.router,
 ]
 
 DESCRIPTION = """\
