@@ -8,7 +8,7 @@ import logging
 import typer
 
 from api import cli_runs, cli_up
-from api.commands import token
+from api.commands import plot, token
 
 app = typer.Typer(name="scalebench", help="scalebench: scaling-efficiency experiments for FP8 training.",
                   no_args_is_help=True)
@@ -18,7 +18,7 @@ GROUPS: list[tuple[str, typer.Typer]] = [
 ]
 for _name, _group in GROUPS:
     app.add_typer(_group, name=_name)
-for _commands in (cli_up, cli_runs):  # top-level commands: up, submit, ls, show, cancel, logs
+for _commands in (cli_up, cli_runs, plot):  # top-level commands: up, submit, ls, show, cancel, logs, plot
     _commands.register(app)
 
 

@@ -39,11 +39,14 @@ def _run_point_select() -> sa.Select:
     )
 
 
+# Built once: constructing the statement costs more than compiling it (which SQLAlchemy caches anyway).
+_RUN_POINTS = _run_point_select().where(Run.experiment_id.in_(sa.bindparam("experiment_ids", expanding=True)))
+
+
 def load_run_points_many(session: Session, experiment_ids: Sequence[int]) -> dict[int, list[RunPoint]]:
     """RunPoints of several experiments in one query, keyed by experiment id (every id present)."""
     out: dict[int, list[RunPoint]] = {i: [] for i in experiment_ids}
-    stmt = _run_point_select().where(Run.experiment_id.in_(list(experiment_ids)))
-    for row in session.execute(stmt):
+    for row in session.execute(_RUN_POINTS, {"experiment_ids": list(experiment_ids)}):
         (exp_id, run_id, model, num_layers, precision, layout, scaling, cluster, n, status, tps, step_ms,
          mfu_bf16, mfu_own, mem_gib, final_loss, imported) = row
         out[exp_id].append(RunPoint(
@@ -72,13 +75,13 @@ def fingerprints(session: Session, experiment_ids: Sequence[int]) -> dict[int, s
     """
     r = Run
     stmt = (
-        sa.select(Experiment.id, r.status, sa.func.count(r.id), sa.func.max(r.id), sa.func.sum(r.attempts),
+        sa.select(Experiment.id, Experiment.created_at, r.status, sa.func.count(r.id), sa.func.max(r.id), sa.func.sum(r.attempts),
                   sa.func.sum(sa.case((r.cancel_requested, 1), else_=0)), sa.func.count(r.dispatched_at),
                   sa.func.count(r.slurm_job_id), sa.func.max(r.dispatched_at), sa.func.max(r.started_at),
                   sa.func.max(r.finished_at))
         .outerjoin(r, r.experiment_id == Experiment.id)
         .where(Experiment.id.in_(list(experiment_ids)))
-        .group_by(Experiment.id, r.status)
+        .group_by(Experiment.id, Experiment.created_at, r.status)  # created_at: an id reused after a reset
     )
     parts: dict[int, list[str]] = {}
     for exp_id, *rest in session.execute(stmt):

@@ -1,10 +1,17 @@
 """Scaling curves computed on read: JSON, CSV and PNG of one experiment, its loss curves, and a comparison.
 
 Every endpoint answers If-None-Match with 304 from a one-query fingerprint, before loading any run.
+A full answer is kept in a small per-process LRU keyed by its ETag (which names the fingerprint, the path
+and the query), so a second dashboard asking for an unchanged report gets the stored bytes instead of a
+rebuild (the Amdahl/USL fits dominate a build: ~5 ms per series). SCALEBENCH_REPORT_CACHE=0 turns it off.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
@@ -31,7 +38,40 @@ FullSize = Annotated[int | None, Query(ge=1, le=1 << 20, description=(
     "N at which Amdahl/USL fits predict X and E (labelled extrapolation beyond the measured range); "
     "default: the cluster's max devices."))]
 MAX_COMPARE = 8
+REPORT_CACHE_SIZE = int(os.environ.get("SCALEBENCH_REPORT_CACHE", "64"))  # entries per process; 0: off
 NOT_MODIFIED = {304: {"description": "Not Modified: If-None-Match holds the current ETag."}}
+
+
+class _AnswerCache:
+    """ETag -> (media type, body): a thread-safe LRU. An ETag changes whenever its answer can, so entries
+    never go stale; they only age out."""
+
+    def __init__(self, size: int):
+        self.size, self._lock, self._items = size, threading.Lock(), OrderedDict[str, tuple[str, bytes]]()
+
+    def answer(self, headers: dict[str, str], build: Callable[[], tuple[str, bytes]]) -> Response:
+        key = headers.get("ETag")
+        hit = None
+        if key and self.size:
+            with self._lock:
+                hit = self._items.get(key)
+                if hit:
+                    self._items.move_to_end(key)
+        media_type, body = hit or build()
+        if key and self.size and not hit:
+            with self._lock:
+                self._items[key] = (media_type, body)
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+        return Response(body, media_type=media_type, headers=headers)
+
+
+def _cache(request: Request) -> _AnswerCache:
+    """The app's cache (one per app and process; created on first use, a benign race)."""
+    cache = getattr(request.app.state, "analysis_cache", None)
+    if cache is None:
+        cache = request.app.state.analysis_cache = _AnswerCache(REPORT_CACHE_SIZE)
+    return cache
 
 
 def _experiment_or_404(session: Session, experiment_id: int) -> Experiment:
@@ -67,11 +107,16 @@ def get_scaling(
     if unchanged:
         return unchanged
     _experiment_or_404(session, experiment_id)
-    report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
+
+    def build() -> tuple[str, bytes]:
+        report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
+        if format == "csv":
+            return "text/csv; charset=utf-8", to_csv(report).encode()
+        return "application/json", report.model_dump_json().encode()
+
     if format == "csv":
         headers["Content-Disposition"] = f'inline; filename="experiment-{experiment_id}-scaling.csv"'
-        return Response(to_csv(report), media_type="text/csv; charset=utf-8", headers=headers)
-    return Response(report.model_dump_json(), media_type="application/json", headers=headers)
+    return _cache(request).answer(headers, build)
 
 
 @router.get("/experiments/{experiment_id}/scaling.png", response_class=Response,
@@ -83,9 +128,12 @@ def get_scaling_png(experiment_id: ExperimentId, request: Request, session: Sess
     if unchanged:
         return unchanged
     exp = _experiment_or_404(session, experiment_id)
-    report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
-    png = render_scaling_png(report, title=f"experiment {exp.id}: {exp.name} ({exp.cluster})")
-    return Response(png, media_type="image/png", headers=headers)
+
+    def build() -> tuple[str, bytes]:
+        report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
+        return "image/png", render_scaling_png(report, title=f"experiment {exp.id}: {exp.name} ({exp.cluster})")
+
+    return _cache(request).answer(headers, build)
 
 
 class LossCurveRead(BaseModel):
@@ -118,10 +166,14 @@ def get_losses(
     if unchanged:
         return unchanged
     _experiment_or_404(session, experiment_id)
-    curves = aq.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
-    body = LossesRead(experiment_id=experiment_id, max_points=max_points,
-                      curves=[LossCurveRead(**c.__dict__) for c in curves])
-    return Response(body.model_dump_json(), media_type="application/json", headers=headers)
+
+    def build() -> tuple[str, bytes]:
+        curves = aq.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
+        body = LossesRead(experiment_id=experiment_id, max_points=max_points,
+                          curves=[LossCurveRead(**c.__dict__) for c in curves])
+        return "application/json", body.model_dump_json().encode()
+
+    return _cache(request).answer(headers, build)
 
 
 def _parse_ids(raw: str) -> list[int]:
@@ -154,11 +206,15 @@ def get_compare(
     if missing := [i for i in ids if i not in rows]:
         raise ProblemError(422, f"query.experiments: experiment(s) {missing} do not exist", [FieldError(
             field="query.experiments", message=f"experiment(s) {', '.join(map(str, missing))} do not exist")])
-    points = aq.load_run_points_many(session, ids)
-    out = []
-    for i in ids:
-        sizes = _full_sizes(clusters, full_size, {p.cluster for p in points[i]})
-        report = build_report(points[i], baseline_num_devices=baseline_num_devices, full_size_by_cluster=sizes)
-        out.append(CompareExperiment(id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source,
-                                     report=report))
-    return Response(compare(out).model_dump_json(), media_type="application/json", headers=headers)
+
+    def build() -> tuple[str, bytes]:
+        points = aq.load_run_points_many(session, ids)
+        out = []
+        for i in ids:
+            sizes = _full_sizes(clusters, full_size, {p.cluster for p in points[i]})
+            report = build_report(points[i], baseline_num_devices=baseline_num_devices, full_size_by_cluster=sizes)
+            out.append(CompareExperiment(id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source,
+                                         report=report))
+        return "application/json", compare(out).model_dump_json().encode()
+
+    return _cache(request).answer(headers, build)

@@ -195,3 +195,38 @@ def test_compare_ratios_and_bad_ids(client, pg_session_factory) -> None:  # noqa
         assert p.json()["errors"][0]["field"] == "query.experiments", bad
     missing = client.get(f"/compare?experiments={a},9999").json()
     assert missing["errors"][0]["field"] == "query.experiments" and "9999" in missing["errors"][0]["message"]
+
+
+def test_cached_answer_is_rebuilt_when_a_run_ends(client, pg_session_factory) -> None:  # noqa: ANN001
+    with session_scope(pg_session_factory) as s:
+        exp_id, run_ids = add_experiment(s, precisions=["bf16"])
+        claim_run(s, run_ids[0], "w", "h", 60)
+    first = client.get(f"/experiments/{exp_id}/scaling")
+    again = client.get(f"/experiments/{exp_id}/scaling")
+    assert again.content == first.content and again.headers["etag"] == first.headers["etag"]
+    assert first.json()["series"][0]["points"][0]["status"] == "pending"
+    with session_scope(pg_session_factory) as s:
+        key = s.scalar(sa.text("SELECT run_key FROM runs WHERE id = :i"), {"i": run_ids[0]})
+        assert record_result(s, run_ids[0], _result(key, 1000.0, 1))
+    after = client.get(f"/experiments/{exp_id}/scaling")
+    assert after.headers["etag"] != first.headers["etag"]
+    assert after.json()["series"][0]["points"][0]["tokens_per_sec"] == 1000.0
+
+
+def test_cli_plot_writes_the_png(test_settings, pg_session_factory, tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from api.cli import app
+    from tests.live_server import live_server
+
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s)
+    _finish_all(pg_session_factory, exp_id, fail_n=4)
+    out = tmp_path / "plots" / "curves.png"
+    with live_server(test_settings) as url:
+        ok = CliRunner().invoke(app, ["plot", str(exp_id), "-o", str(out), "--server", url])
+        missing = CliRunner().invoke(app, ["plot", "999", "-o", str(tmp_path / "x.png"), "--server", url])
+    assert ok.exit_code == 0, ok.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    assert missing.exit_code == 1 and "experiment 999 does not exist" in missing.output
+    assert not (tmp_path / "x.png").exists()

@@ -5,16 +5,12 @@ change status while the page is open. Screenshots go to artifacts/ (kept as test
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import sqlalchemy as sa
-import uvicorn
 
 from core.settings import Settings
 from db.runs import claim_run, mark_failed, record_result
@@ -22,6 +18,7 @@ from db.session import session_scope
 from tests.api.test_analysis import TPS, _result
 from tests.api.test_import import _point
 from tests.db.helpers import add_experiment
+from tests.live_server import live_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -33,24 +30,8 @@ POLL_MS = 400
 
 @pytest.fixture
 def server(test_settings: Settings, api_token: str) -> Iterator[str]:
-    """uvicorn serving create_app on 127.0.0.1 and a free port, in a thread."""
-    from api.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(test_settings, dispatch_interval_s=None), host="127.0.0.1", port=port,
-                            log_level="warning", lifespan="on")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with live_server(test_settings) as url:
+        yield url
 
 
 @pytest.fixture
