@@ -104,3 +104,42 @@ def test_two_beat_processes_fire_each_due_suite_once(pg_session_factory, celery_
     with pg_session_factory() as s:
         assert sorted(e.suite_id for e in experiments(s)) == ids
     assert len(queued_messages("local-cpu")) == 4 * num_suites  # every run published once
+
+
+def test_claim_works_on_sqlite_too(sqlite_url):
+    from db.session import make_engine, make_session_factory
+
+    engine = make_engine(sqlite_url)
+    factory = make_session_factory(engine)
+    try:
+        with factory() as s:
+            suite = make_suite(s, now=DAY1)
+        due_at = DAY1 + timedelta(hours=1)
+        with factory() as s:  # a second beat read the due suite before the first fired it
+            from db.suites import claim_firing, due_suites
+            [(suite_id, seen)] = due_suites(s, due_at)
+        [fired] = fire_due_suites(factory, None, CLUSTERS, due_at)
+        with factory() as s:
+            assert not claim_firing(s, suite_id, seen, due_at)  # the stale compare-and-set changes nothing
+            assert len(experiments(s)) == 1 and s.get(Suite, suite.id).next_fire_at > due_at
+        assert fired.experiment_id is not None
+    finally:
+        engine.dispose()
+
+
+def test_beat_entry_point_fires_from_a_separate_process(pg_session_factory, pg_url, redis_url, tmp_path,
+                                                         queued_messages):
+    import os
+    import subprocess
+    import sys
+
+    with pg_session_factory() as s:
+        make_suite(s, now=DAY1)  # due since DAY1 02:00, in the real clock's past
+    env = os.environ | {"SCALEBENCH_DATABASE_URL": pg_url, "SCALEBENCH_BROKER_URL": redis_url,
+                        "SCALEBENCH_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "worker.nightly", "--once"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    with pg_session_factory() as s:
+        [exp] = experiments(s)
+    assert len(queued_messages("local-cpu")) == 4 and exp.source == "suite"
