@@ -51,7 +51,7 @@ def debug_spec(num_devices: int, steps: int = 4, timeout_s: int = 600) -> RunSpe
 @pytest.fixture
 def launcher(slurm_up) -> SlurmLauncher:
     """The launcher as a worker builds it: the real runner (`python -m runner`) on the worker's interpreter."""
-    return SlurmLauncher(CLUSTER)
+    return SlurmLauncher(CLUSTER, query_interval_s=1.0)
 
 
 def wait_until(launcher: SlurmLauncher, handle, states: set[str], timeout_s: float) -> LaunchOutcome:

@@ -37,7 +37,7 @@ def test_two_ranks_over_two_tasks_and_reattach(launcher, tmp_path):
     assert launcher.poll(handle).state in ("pending", "running")
     first_job = handle.job_id
     del launcher, handle  # the worker restarts: nothing in memory survives
-    fresh = SlurmLauncher(CLUSTER)
+    fresh = SlurmLauncher(CLUSTER, query_interval_s=1.0)
     handle = fresh.attach(run_dir)
     assert handle is not None and handle.job_id == first_job and handle.launcher == "slurm"
     out = wait_until(fresh, handle, set(), timeout_s=120)
@@ -81,6 +81,13 @@ def test_time_limit_is_a_timeout(launcher, tmp_path, slurm_up):
     assert "TIMEOUT" in out.message and out.result is None
     if slurm_up == "slurmdbd":
         assert _sacct_state(handle.job_id) == "TIMEOUT"
+
+
+def test_a_job_slurm_does_not_know_is_judged_by_its_result(launcher, tmp_path):
+    handle = LaunchHandle(run_id="gone", run_dir=str(tmp_path), launcher="slurm", job_id="987654321",
+                          started_at=time.time())
+    out = launcher.poll(handle)
+    assert (out.state, out.error_kind) == ("failed", "result_missing") and "no record of job 987654321" in out.message
 
 
 def _num_jobs_in(run_dir: Path) -> int:

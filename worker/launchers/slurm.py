@@ -292,7 +292,7 @@ class SlurmLauncher:
     name = "slurm"
 
     def __init__(self, cluster: Cluster, *, python: str | None = None, env: dict[str, str] | None = None,
-                 runner_module: str = "runner", command_timeout_s: float = 30.0):
+                 runner_module: str = "runner", command_timeout_s: float = 30.0, query_interval_s: float = 5.0):
         if cluster.launcher != "slurm":
             raise ValueError(f"cluster {cluster.name!r} has launcher {cluster.launcher!r}, not 'slurm'")
         self.cluster = cluster
@@ -301,6 +301,9 @@ class SlurmLauncher:
         self.env = passthrough_env(os.environ if env is None else env)
         self.runner_module = runner_module
         self.command_timeout_s = command_timeout_s
+        # A worker polls every ~0.5 s; slurmctld is asked at most this often per job while it waits or runs.
+        self.query_interval_s = query_interval_s
+        self._live: dict[str, tuple[float, JobState]] = {}  # job id -> (monotonic s, last live state)
 
     def run_dir_for(self, default_runs_dir: str | Path, run_id: str) -> Path:
         """Where a run's directory goes: the cluster's shared_dir when set (every node must see it)."""
@@ -331,6 +334,9 @@ class SlurmLauncher:
 
     def poll(self, handle: LaunchHandle) -> LaunchOutcome:
         assert handle.job_id, f"run {handle.run_id}: handle has no Slurm job id"
+        cached = self._live.get(handle.job_id)
+        if cached is not None and time.monotonic() - cached[0] < self.query_interval_s:
+            return outcome_for_state(cached[1], handle.run_dir)
         try:
             job = query_job(handle.job_id, self.command_timeout_s, handle.started_at)
         except SlurmError as exc:  # controller restarting or unreachable: not the run's fault, ask again later
@@ -343,6 +349,10 @@ class SlurmLauncher:
         if job.state != handle.extra.get("last_state"):
             handle.extra["last_state"] = job.state
             handle.save()
+        if job.state in PENDING_STATES or job.state in RUNNING_STATES:
+            self._live[handle.job_id] = (time.monotonic(), job)
+        else:
+            self._live.pop(handle.job_id, None)
         return outcome_for_state(job, handle.run_dir)
 
     def _vanished(self, handle: LaunchHandle) -> LaunchOutcome:
@@ -359,6 +369,7 @@ class SlurmLauncher:
         proc = _run(["scancel", handle.job_id], self.command_timeout_s)
         if proc.returncode != 0:  # e.g. already finished; poll() reports how it ended
             log.warning("run %s: scancel %s: %s", handle.run_id, handle.job_id, proc.stderr.strip())
+        self._live.pop(handle.job_id, None)  # the next poll asks Slurm
         handle.extra["cancel_requested_at"] = time.time()
         handle.save()
         log.info("run %s: cancelled Slurm job %s", handle.run_id, handle.job_id)
