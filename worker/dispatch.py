@@ -52,7 +52,8 @@ def dispatch_runs(session: Session, celery: Celery, run_ids: Sequence[int] | Non
                   limit: int = DISPATCH_BATCH) -> DispatchOutcome:
     """Publish undispatched queued runs (those of `run_ids`, or any) and stamp dispatched_at.
 
-    Stops at the first refused publish. The caller commits (that releases the row locks).
+    All or nothing per call: on a broker error nothing is stamped. The caller commits (that releases
+    the row locks).
     """
     published: list[int] = []
     error = broker_error(celery)  # fail fast: a refused publish would block a request for seconds
@@ -62,15 +63,17 @@ def dispatch_runs(session: Session, celery: Celery, run_ids: Sequence[int] | Non
     if not rows:
         return DispatchOutcome(published)
     try:
-        with celery.producer_or_acquire() as producer:
+        # One pipelined round trip on Redis (kombu >= 5.6 batches); other transports publish one by one.
+        with celery.producer_or_acquire() as producer, producer.batch():
             for run_id, queue in rows:
                 publish_run(celery, run_id, queue, producer=producer)
-                published.append(run_id)
     except Exception as exc:  # kombu/redis raise several types for "broker unreachable"
+        # A failed batch is all-or-nothing for us: none is stamped, so the dispatcher sends them again
+        # (a message that did get through is then a duplicate the worker's atomic claim ignores).
         error = f"broker unreachable: {type(exc).__name__}: {exc}"
-        log.warning("published %d of %d runs; %s", len(published), len(rows), error)
-        return DispatchOutcome(_stamp(session, published), error)
-    return DispatchOutcome(_stamp(session, published))
+        log.warning("publishing %d runs failed; %s", len(rows), error)
+        return DispatchOutcome(published, error)
+    return DispatchOutcome(_stamp(session, [run_id for run_id, _ in rows]))
 
 
 def _stamp(session: Session, run_ids: list[int]) -> list[int]:
