@@ -95,3 +95,21 @@ def test_filesystem_broker_carries_a_message(tmp_path):
         message = conn.SimpleQueue("local-cpu").get(timeout=5)
         assert message.headers["task"] == "scalebench.execute_run" and message.payload[0] == [77]
         message.ack()
+
+
+def test_embedded_stack_sqlite_and_filesystem_broker(make_client, sqlite_url, tmp_path):
+    """The default without servers: SQLite + kombu's filesystem transport, through the same API path."""
+    embedded = Settings(data_dir=tmp_path, database_url=sqlite_url, broker_url="filesystem://")
+    from db.session import make_engine, make_session_factory, session_scope
+    from db.tokens import create_token
+
+    engine = make_engine(sqlite_url)
+    with session_scope(make_session_factory(engine)) as s:
+        token, _ = create_token(s, "embedded")
+    engine.dispose()
+    client = make_client(embedded, token=False)
+    r = client.post("/experiments", json=BODY, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 201 and r.json()["dispatched"] is True, r.text
+    assert len(list((tmp_path / "broker" / "queue").glob("*.msg"))) == 12
+    assert client.get(f"/experiments/{r.json()['id']}").json()["counts"]["queued"] == 12
+    assert client.get("/readyz").json()["status"] == "ready"
