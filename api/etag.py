@@ -1,14 +1,18 @@
 """ETags for what the dashboard polls, so that an unchanged poll costs one small query and a 304.
 
 Experiment-scoped reads (the experiment, its runs, scaling JSON/CSV/PNG, loss curves, compare) take their
-ETag from db.analysis.fingerprints (per-status counts and max timestamps of the runs; one query) plus the
-request path and query, so a poll is answered before any report is built. Other reads (the experiment
+ETag from db.analysis.fingerprints (per-status counts and max timestamps of the runs; one query, reused
+for DEFAULT_TTL_S by the whole process) plus the request path and query, so a poll is answered before
+any report is built, and most polls without touching the database. Other reads (the experiment
 list) hash their response body: that saves the transfer and the client's re-render, not the query.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
+import time
 from collections.abc import Sequence
 
 from fastapi import Request, Response
@@ -19,6 +23,40 @@ from db.analysis import fingerprints
 # Bump when a response's shape or its computation changes, so that clients holding old ETags refetch.
 ETAG_SALT = "scalebench-analysis-1"
 NO_CACHE = {"Cache-Control": "no-cache"}  # browsers store but always revalidate
+# A fingerprint is reused for this long by every request of the process: a thousand dashboards polling one
+# experiment cost one query per second, not a thousand. The price: a change shows up to this much later
+# (a poll may get one more 304). 0 turns it off.
+DEFAULT_TTL_S = float(os.environ.get("SCALEBENCH_ETAG_TTL_S", "1.0"))
+
+
+class FingerprintCache:
+    """experiment id -> (fingerprint, expiry), shared by the threads of one app; misses go to the database."""
+
+    def __init__(self, ttl_s: float):
+        self.ttl_s, self._lock, self._items = ttl_s, threading.Lock(), dict[int, tuple[str, float]]()
+
+    def get(self, session: Session, experiment_ids: Sequence[int]) -> dict[int, str]:
+        now = time.monotonic()
+        with self._lock:
+            fresh = {i: v[0] for i in experiment_ids if (v := self._items.get(i)) and v[1] > now}
+        missing = [i for i in experiment_ids if i not in fresh]
+        if missing:
+            found = fingerprints(session, missing)
+            if self.ttl_s > 0:
+                with self._lock:
+                    self._items.update({i: (fp, now + self.ttl_s) for i, fp in found.items()})
+                    if len(self._items) > 10_000:  # ids polled long ago
+                        self._items = {i: v for i, v in self._items.items() if v[1] > now}
+            fresh.update(found)
+        return fresh
+
+
+def _fingerprint_cache(request: Request) -> FingerprintCache:
+    cache = getattr(request.app.state, "fingerprint_cache", None)
+    if cache is None:  # first use in this app (a benign race: two caches, one kept)
+        cache = request.app.state.fingerprint_cache = FingerprintCache(
+            float(os.environ.get("SCALEBENCH_ETAG_TTL_S", DEFAULT_TTL_S)))
+    return cache
 
 
 def _quoted(*parts: str) -> str:
@@ -45,7 +83,7 @@ def _request_variant(request: Request) -> str:
 
 def experiments_etag(request: Request, session: Session, experiment_ids: Sequence[int]) -> str | None:
     """ETag of a read over these experiments; None when one of them does not exist."""
-    fps = fingerprints(session, experiment_ids)
+    fps = _fingerprint_cache(request).get(session, experiment_ids)
     if len(fps) < len(set(experiment_ids)):
         return None
     return _quoted(_request_variant(request), *(f"{i}:{fps[i]}" for i in experiment_ids))

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from api import etag
 from api.compare import CompareExperiment, CompareRead, compare
-from api.deps import ClustersDep, ReadAuth, SessionDep
+from api.deps import ReadAuth, SessionDep
 from api.plots import render_scaling_png
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
 from core.clusters import Cluster
@@ -90,6 +90,7 @@ def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[
 def _report(session: Session, experiment_id: int, clusters: dict[str, Cluster], baseline: int | None,
             full_size: int | None) -> ScalingReport:
     points = aq.load_run_points(session, experiment_id)
+    session.close()  # hand the connection back before the CPU-bound build (loaded rows stay usable)
     sizes = _full_sizes(clusters, full_size, {p.cluster for p in points})
     return build_report(points, baseline_num_devices=baseline, full_size_by_cluster=sizes)
 
@@ -99,7 +100,7 @@ def _report(session: Session, experiment_id: int, clusters: dict[str, Cluster], 
                        200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv"}},
             summary="Scaling curves: X(N), E(N), fp8 speedup, MFU, memory, Amdahl/USL fits (JSON or CSV)")
 def get_scaling(
-    experiment_id: ExperimentId, request: Request, session: SessionDep, clusters: ClustersDep, _auth: ReadAuth,
+    experiment_id: ExperimentId, request: Request, session: SessionDep, _auth: ReadAuth,
     baseline_num_devices: Baseline = None, full_size: FullSize = None,
     format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
 ) -> Any:
@@ -109,7 +110,7 @@ def get_scaling(
     _experiment_or_404(session, experiment_id)
 
     def build() -> tuple[str, bytes]:
-        report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
+        report = _report(session, experiment_id, request.app.state.clusters, baseline_num_devices, full_size)
         if format == "csv":
             return "text/csv; charset=utf-8", to_csv(report).encode()
         return "application/json", report.model_dump_json().encode()
@@ -122,15 +123,14 @@ def get_scaling(
 @router.get("/experiments/{experiment_id}/scaling.png", response_class=Response,
             responses={**PROBLEM_RESPONSES, **NOT_MODIFIED, 200: {"content": {"image/png": {}}}},
             summary="Scaling curves as a PNG: throughput with the ideal line, efficiency, fp8 speedup")
-def get_scaling_png(experiment_id: ExperimentId, request: Request, session: SessionDep, clusters: ClustersDep,
-                    _auth: ReadAuth, baseline_num_devices: Baseline = None, full_size: FullSize = None) -> Response:
+def get_scaling_png(experiment_id: ExperimentId, request: Request, session: SessionDep, _auth: ReadAuth, baseline_num_devices: Baseline = None, full_size: FullSize = None) -> Response:
     headers, unchanged = etag.check(request, session, [experiment_id])
     if unchanged:
         return unchanged
     exp = _experiment_or_404(session, experiment_id)
 
     def build() -> tuple[str, bytes]:
-        report = _report(session, experiment_id, clusters, baseline_num_devices, full_size)
+        report = _report(session, experiment_id, request.app.state.clusters, baseline_num_devices, full_size)
         return "image/png", render_scaling_png(report, title=f"experiment {exp.id}: {exp.name} ({exp.cluster})")
 
     return _cache(request).answer(headers, build)
@@ -193,7 +193,7 @@ def _parse_ids(raw: str) -> list[int]:
 @router.get("/compare", response_model=CompareRead, responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
             summary="Scaling of several experiments side by side, with X ratios to the first at each common N")
 def get_compare(
-    request: Request, session: SessionDep, clusters: ClustersDep, _auth: ReadAuth,
+    request: Request, session: SessionDep, _auth: ReadAuth,
     experiments: Annotated[str, Query(max_length=200, description=(
         f"2 to {MAX_COMPARE} comma-separated experiment ids; the first is the reference of the ratios."))],
     baseline_num_devices: Baseline = None, full_size: FullSize = None,
@@ -209,9 +209,10 @@ def get_compare(
 
     def build() -> tuple[str, bytes]:
         points = aq.load_run_points_many(session, ids)
+        session.close()  # hand the connection back before the CPU-bound builds
         out = []
         for i in ids:
-            sizes = _full_sizes(clusters, full_size, {p.cluster for p in points[i]})
+            sizes = _full_sizes(request.app.state.clusters, full_size, {p.cluster for p in points[i]})
             report = build_report(points[i], baseline_num_devices=baseline_num_devices, full_size_by_cluster=sizes)
             out.append(CompareExperiment(id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source,
                                          report=report))

@@ -3,6 +3,9 @@ way workers record them (db.runs.record_result)."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -11,6 +14,12 @@ from db import analysis as aq
 from db.runs import claim_run, mark_failed, record_result
 from db.session import session_scope
 from tests.db.helpers import add_experiment
+
+@pytest.fixture(autouse=True)
+def _fresh_fingerprints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests change runs and look at once; the fingerprint reuse window is tested on its own."""
+    monkeypatch.setenv("SCALEBENCH_ETAG_TTL_S", "0")
+
 
 # X(N) global tokens/s per (precision, N): bf16 scales at 90% to N=4, fp8 is 1.3x bf16
 TPS = {("bf16", 1): 1000.0, ("bf16", 2): 1900.0, ("bf16", 4): 3600.0,
@@ -230,3 +239,17 @@ def test_cli_plot_writes_the_png(test_settings, pg_session_factory, tmp_path) ->
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
     assert missing.exit_code == 1 and "experiment 999 does not exist" in missing.output
     assert not (tmp_path / "x.png").exists()
+
+
+def test_fingerprint_reuse_window(client, pg_session_factory, monkeypatch) -> None:  # noqa: ANN001
+    """Within SCALEBENCH_ETAG_TTL_S a poll reuses the process's fingerprint (no query); after it, the change shows."""
+    monkeypatch.setenv("SCALEBENCH_ETAG_TTL_S", "0.5")
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s)
+    path = f"/experiments/{exp_id}"
+    tag = client.get(path).headers["etag"]
+    _status_change(pg_session_factory, exp_id)
+    assert client.get(path, headers={"If-None-Match": tag}).status_code == 304  # at most 0.5 s late
+    assert client.get(path).json()["counts"]["running"] == 1  # a full answer is always read fresh
+    time.sleep(0.6)
+    assert client.get(path, headers={"If-None-Match": tag}).status_code == 200

@@ -1,0 +1,342 @@
+"""Scaling-analysis load benchmark (a script, not a test): uvicorn + PostgreSQL on this machine.
+
+Seeds one experiment of 2,000 runs (4 precisions x 5 layouts x 10 GPU counts x 10 repeats, ~1% failed)
+with their summaries and 200,000 step records (100 per run; COPY), then measures:
+
+1. GET /experiments/{id}/scaling, one request at a time: p50/p99, cold (each request names another
+   full_size, so every answer is rebuilt: load + report + fits + JSON) and warm (the per-process answer
+   cache keyed by ETag).
+2. The same at concurrency 100, cold and warm (req/s when every dashboard asks at once).
+3. ETag polling at concurrency 100: GET /experiments/{id}/scaling with If-None-Match (all 304): req/s, p50/p99.
+4. The same for GET /experiments/{id} (what the dashboard polls first).
+Targets: scaling p50 < 100 ms; 304 polls >= 500 req/s on this 2-core machine (client on the same cores).
+
+    .venv/bin/python bench/scaling_load.py [--workers 2] [--duration-s 10] [--sequential 60]
+
+It creates (drops first) the database scalebench_bench2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import logging
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from core.clusters import Cluster  # noqa: E402
+from core.matrix import expand  # noqa: E402
+from core.specs import ExperimentSpec  # noqa: E402
+from db.experiments import create_experiment  # noqa: E402
+from db.models import Run, RunSummary  # noqa: E402
+from db.session import make_engine, make_session_factory, session_scope  # noqa: E402
+
+log = logging.getLogger("scaling_load")
+PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
+BENCH_DB = "scalebench_bench2"
+REDIS_URL = "redis://127.0.0.1:6379/12"  # the app's Celery client connects lazily; nothing is published
+CLUSTER = Cluster(name="h200-big", vendor="nvidia", device_name="NVIDIA H200", gpus_per_node=8, max_nodes=512,
+                  launcher="slurm", queue="h200-big")
+CLUSTERS_TOML = """[[cluster]]
+name = "h200-big"
+vendor = "nvidia"
+device_name = "NVIDIA H200"
+gpus_per_node = 8
+max_nodes = 512
+launcher = "slurm"
+queue = "h200-big"
+"""
+SPEC = ExperimentSpec(name="bench 8b scaling, 2000 runs", model="8b", cluster="h200-big",
+                      gpu_counts=[8 * 2**i for i in range(10)],  # 8 .. 4096
+                      precisions=["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"],
+                      layouts=["fsdp", "ddp", "hsdp:shard=8", "tp=2+fsdp", "tp=4+fsdp"], repeats=10,
+                      seq_len=8192, steps=100, warmup_steps=5)
+STEPS_PER_RUN = 100
+SPEEDUP = {"bf16": 1.0, "fp8-tensorwise": 1.16, "fp8-rowwise": 1.03, "fp8-rowwise-gw-hp": 1.10}
+
+
+def fresh_database() -> str:
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)"))
+        conn.execute(sa.text(f"CREATE DATABASE {BENCH_DB}"))
+    admin.dispose()
+    url = f"postgresql+psycopg://root@127.0.0.1:5432/{BENCH_DB}"
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config(str(REPO / "alembic.ini"))
+    cfg.attributes.update(url=url, configure_logger=False)
+    command.upgrade(cfg, "head")
+    return url
+
+
+def seed(url: str) -> int:
+    """The experiment, its 2,000 runs ended (summaries, result JSON) and 200,000 step records; its id."""
+    rng = random.Random(0)
+    runs, _ = expand(SPEC, CLUSTER)
+    assert len(runs) == 2000, len(runs)
+    engine = make_engine(url)
+    t0 = time.perf_counter()
+    with session_scope(make_session_factory(engine)) as s:
+        exp, run_ids = create_experiment(s, SPEC, runs, CLUSTER.queue_name)
+        updates, summaries, copy_rows = [], [], io.StringIO()
+        for run_id, r in zip(run_ids, runs):
+            n = r.num_devices
+            failed = rng.random() < 0.01
+            per_device = 17_600 * SPEEDUP[r.precision] * (0.97 ** (n.bit_length() - 4)) * rng.uniform(0.98, 1.02)
+            tps = per_device * n
+            final = 3.0 + rng.uniform(-0.02, 0.02)
+            updates.append({"id": run_id, "status": "failed" if failed else "succeeded", "error_kind": "oom" if failed else None,
+                            "error_message": "CUDA out of memory" if failed else None,
+                            "result": None if failed else {"numerics": {"final_loss": final}}})
+            if not failed:
+                step_ms = r.tokens_per_step / tps * 1000
+                summaries.append(dict(run_id=run_id, num_timed_steps=95, tokens_per_step=r.tokens_per_step,
+                                      tokens_per_sec=tps, tokens_per_sec_per_device=per_device,
+                                      step_ms_median=step_ms, step_ms_min=step_ms * 0.99, step_ms_max=step_ms * 1.01,
+                                      flops_per_token=10**10, tflops_per_device=400.0, mfu_vs_bf16_peak=0.4,
+                                      peak_memory_allocated_gib=60.0))
+            for step in range(STEPS_PER_RUN):
+                loss = 10.0 * (0.97 ** step) + final
+                copy_rows.write(f"{run_id}\t{step}\t{loss}\t{100.0}\t{r.tokens_per_step}\t{'t' if step < 5 else 'f'}\n")
+        now = sa.func.now()
+        s.execute(sa.update(Run), updates)
+        s.execute(sa.update(Run).where(Run.experiment_id == exp.id).values(started_at=now, finished_at=now))
+        s.execute(sa.insert(RunSummary), summaries)
+        raw = s.connection().connection.dbapi_connection
+        with raw.cursor() as cur, cur.copy("COPY step_metrics (run_id, step, loss, step_ms, tokens, warmup) FROM STDIN") as cp:
+            cp.write(copy_rows.getvalue())
+        exp_id = exp.id
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE"))  # what autovacuum does soon after a bulk load
+        counts = conn.execute(sa.text("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM step_metrics)")).one()
+    engine.dispose()
+    print(f"seeded experiment {exp_id}: {counts[0]} runs, {counts[1]} step records in {time.perf_counter() - t0:.1f} s")
+    return exp_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_uvicorn(url: str, clusters_file: str, port: int, workers: int) -> subprocess.Popen:
+    env = os.environ | {"SCALEBENCH_DATABASE_URL": url, "SCALEBENCH_BROKER_URL": REDIS_URL,
+                        "SCALEBENCH_CLUSTERS_FILE": clusters_file, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
+           "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log",
+           "--backlog", "2048"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("uvicorn did not become ready within 60 s")
+
+
+def versions() -> str:
+    import fastapi
+    import psycopg
+    import pydantic
+    import uvicorn
+
+    pg = sa.create_engine(PG_ADMIN)
+    with pg.connect() as conn:
+        pg_version = conn.execute(sa.text("SHOW server_version")).scalar()
+    pg.dispose()
+    return (f"python {platform.python_version()}, fastapi {fastapi.__version__}, pydantic {pydantic.__version__}, "
+            f"uvicorn {uvicorn.__version__}, sqlalchemy {sa.__version__}, psycopg {psycopg.__version__}, "
+            f"httpx {httpx.__version__}, postgresql {pg_version}")
+
+
+# ------------------------------------------------------------------------------------- CPU accounting
+# The machine is shared: wall-clock req/s depends on what else runs. CPU seconds per request do not (much):
+# they say what a poll costs, and so what two idle cores could serve.
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _pg_backends(url: str) -> list[int]:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        pids = list(conn.execute(sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"),
+                                 {"d": BENCH_DB}).scalars())
+    engine.dispose()
+    return pids
+
+
+class CpuMeter:
+    """CPU seconds used by the uvicorn processes, their PostgreSQL backends and this client between two marks."""
+
+    def __init__(self, server_pid: int, url: str):
+        self.server_pid, self.url = server_pid, url
+
+    def mark(self) -> dict[str, float]:
+        server = [self.server_pid, *_children(self.server_pid)]
+        return {"server": sum(_cpu_s(p) for p in server), "postgres": sum(_cpu_s(p) for p in _pg_backends(self.url)),
+                "client": time.process_time()}
+
+
+METER: CpuMeter | None = None
+
+
+def stats(name: str, latencies_s: list[float], wall_s: float, errors: int) -> dict:
+    ms = sorted(x * 1000 for x in latencies_s)
+    q = statistics.quantiles(ms, n=100, method="inclusive")
+    row = {"phase": name, "requests": len(ms), "errors": errors, "req_per_s": len(ms) / wall_s,
+           "p50_ms": q[49], "p99_ms": q[98], "max_ms": ms[-1]}
+    print(f"{name:<52} {row['requests']:>6} req {errors:>3} err {row['req_per_s']:>8.1f} req/s "
+          f"p50 {row['p50_ms']:>7.1f} ms  p99 {row['p99_ms']:>7.1f} ms  max {row['max_ms']:>7.1f} ms", flush=True)
+    return row
+
+
+def cpu_line(before: dict[str, float], after: dict[str, float], num_requests: int) -> None:
+    per = {k: 1000 * (after[k] - before[k]) / max(num_requests, 1) for k in before}
+    service = per["server"] + per["postgres"]
+    print(f"{'':<52} CPU per request: server {per['server']:.2f} ms + postgres {per['postgres']:.2f} ms "
+          f"(client {per['client']:.2f} ms) -> 2 idle cores serve ~{2000 / service:.0f} req/s "
+          f"(~{2000 / (service + per['client']):.0f} with this client on the same cores)", flush=True)
+
+
+async def sequential(base: str, path: str, count: int, cold: bool) -> dict:
+    """cold: every request names another full_size, so no answer comes from the per-process cache."""
+    latencies, errors = [], 0
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        for i in range(3):
+            await client.get(f"{path}?full_size={100_000 + i}")  # warm-up: imports, pool, plans
+        before = METER.mark() if METER else None
+        t0 = time.perf_counter()
+        for i in range(count):
+            t = time.perf_counter()
+            r = await client.get(f"{path}?full_size={5000 + i}" if cold else path)
+            latencies.append(time.perf_counter() - t)
+            errors += r.status_code != 200 or len(r.content) < 1000
+        wall = time.perf_counter() - t0
+    after = METER.mark() if METER else None
+    row = stats(f"GET {path} sequential, {'cold (rebuilt)' if cold else 'warm (cached)'}", latencies, wall, errors)
+    if before and after:
+        cpu_line(before, after, count)
+    return row
+
+
+async def concurrent(base: str, path: str, concurrency: int, duration_s: float, conditional: bool,
+                     cold: bool = False) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+        first = await client.get(path)
+        headers = {"If-None-Match": first.headers["etag"]} if conditional else {}
+        expect = 304 if conditional else 200
+
+        counter = iter(range(10**9))
+
+        async def worker(stop: float) -> None:
+            nonlocal errors
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                url = f"{path}?full_size={10_000 + next(counter)}" if cold else path
+                try:
+                    r = await client.get(url, headers=headers)
+                except httpx.HTTPError as exc:  # counted, and the first few shown
+                    errors += 1
+                    if errors <= 3:
+                        print(f"  {type(exc).__name__}: {exc!r}", flush=True)
+                    continue
+                latencies.append(time.perf_counter() - t)
+                errors += r.status_code != expect
+
+        await asyncio.gather(*(client.get(path, headers=headers) for _ in range(concurrency)))  # open connections
+        before = METER.mark() if METER else None
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(t0 + duration_s) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+        after = METER.mark() if METER else None
+    kind = "If-None-Match (304)" if conditional else ("200, cold (rebuilt)" if cold else "200, warm (cached)")
+    label = f"GET {path} {kind} x{concurrency}"
+    row = stats(label, latencies, wall, errors)
+    if before and after:
+        cpu_line(before, after, len(latencies))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--duration-s", type=float, default=10.0)
+    parser.add_argument("--sequential", type=int, default=60, help="requests of the sequential phase")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    url = fresh_database()
+    exp_id = seed(url)
+    port = free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(CLUSTERS_TOML)
+    os.environ["SCALEBENCH_DATA_DIR"] = tempfile.mkdtemp(prefix="scaling-load-")
+    proc = start_uvicorn(url, f.name, port, args.workers)
+    base = f"http://127.0.0.1:{port}"
+    scaling = f"/experiments/{exp_id}/scaling"
+    global METER
+    METER = CpuMeter(proc.pid, url)
+    try:
+        print(f"{platform.node()}: {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.2f}; {versions()}; "
+              f"uvicorn workers {args.workers}")
+        size = len(httpx.get(base + scaling, timeout=60).content)
+        print(f"scaling report: {size / 1024:.0f} KiB JSON")
+        asyncio.run(sequential(base, scaling, args.sequential, cold=True))
+        asyncio.run(sequential(base, scaling, args.sequential, cold=False))
+        asyncio.run(concurrent(base, scaling, args.concurrency, args.duration_s, conditional=False, cold=True))
+        asyncio.run(concurrent(base, scaling, args.concurrency, args.duration_s, conditional=False))
+        asyncio.run(concurrent(base, scaling, args.concurrency, args.duration_s, conditional=True))
+        asyncio.run(concurrent(base, f"/experiments/{exp_id}", args.concurrency, args.duration_s, conditional=True))
+        asyncio.run(concurrent(base, "/healthz", args.concurrency, args.duration_s, conditional=False))  # the floor
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
