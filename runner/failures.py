@@ -86,6 +86,9 @@ class RunState:
     def cleanup(self) -> None:
         # After a communication failure a collective may never return: leave the group to process exit.
         if self.created_group and not self.failed and dist.is_initialized():
+            # All ranks leave together: a rank tearing down gloo pairs while a peer still uses them can
+            # abort that peer ("connection closed by peer").
+            dist.barrier()
             dist.destroy_process_group()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()

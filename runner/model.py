@@ -23,10 +23,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32 for stability (bf16 sums of squares lose ~3 digits), return the input dtype.
+        # Normalize and scale in fp32 (bf16 sums of squares lose ~3 digits); return the input dtype, also
+        # under autocast where the weight stays fp32 (a promoted fp32 output would break torchao's
+        # high-precision grad-weight GEMM, which needs activations and gradients in one dtype).
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        return (out * self.weight.float()).type_as(x)
 
 
 def rope_cos_sin(head_dim: int, seq_len: int, theta: float, device: torch.device | str) -> torch.Tensor:
@@ -110,6 +112,10 @@ class Llama(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (bs, seq) int64 -> logits (bs, seq, vocab)."""
         h = self.tok_embeddings(tokens)
+        if torch.is_autocast_enabled(h.device.type):
+            # Residual stream in the autocast dtype (as FSDP's bf16 params give): torchao's Float8Linear
+            # (rowwise_with_gw_hp) multiplies activations with their gradients and needs one dtype.
+            h = h.to(torch.get_autocast_dtype(h.device.type))
         rope = self.rope[:, : tokens.shape[1]]
         for layer in self.layers:
             h = layer(h, rope)

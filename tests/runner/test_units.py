@@ -1,0 +1,185 @@
+"""Pure runner pieces: FLOPs by hand, peak table and fp8 dtypes per vendor, data, schedule, failures."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from core.models import get_shape
+from runner.data import Batches, MemmapTokens, SyntheticTokens
+from runner.env import DeviceInfo, device_info_from, expected_fp8_dtypes, peaks_for
+from runner.failures import InvalidConfig, classify, validate
+from runner.fp8 import float8_config, fp8_dtypes_of_config, fp8_module_filter
+from runner.metrics import summarize
+from runner.train import lr_factor
+from tests.runner.conftest import make_spec
+
+
+def test_flops_per_token_8b_by_hand():
+    # Llama-3.1-8B: dim 4096, 32 layers, 32 heads (head_dim 128), 8 kv heads, vocab 128256,
+    # ffn hidden int(1.3 * int(2 * 16384 / 3)) = int(1.3 * 10922) = 14198 -> rounded up to 1024s: 14336.
+    dim, layers, kv_dim, hidden, vocab, seq = 4096, 32, 8 * 128, 14336, 128256, 8192
+    per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden + 2 * dim  # wq wo, wk wv, w1 w2 w3, norms
+    params_no_embedding = layers * per_layer + dim + vocab * dim  # + final norm + output
+    assert params_no_embedding == 7_504_924_672  # 8.03e9 total minus the 525M embedding
+    expected = 6 * params_no_embedding + 12 * layers * 32 * 128 * seq
+    shape = get_shape("8b")
+    assert shape.ffn_hidden_dim == hidden
+    # 6 * 7_504_924_672 = 45_029_548_032; 12 * 32 * 32 * 128 * 8192 = 12_884_901_888
+    assert shape.flops_per_token(seq) == expected == 57_914_449_920
+    # 16-layer bench shape: the output layer stays, half of the blocks go.
+    assert get_shape("8b", 16).flops_per_token(seq) == expected - 16 * (6 * per_layer + 12 * 32 * 128 * seq)
+
+
+# ------------------------------------------------------------------------------- env, peaks, dtypes
+
+
+def test_nvidia_h200_branch():
+    props = SimpleNamespace(name="NVIDIA H200", gcnArchName="should-be-ignored")
+    info = device_info_from(props, device_count=8, hip_version=None, cuda_version="13.0")
+    assert (info.vendor, info.gcn_arch, info.cuda_version, info.hip_version) == ("nvidia", None, "13.0", None)
+    assert peaks_for(info, "bf16") == (989.0, 989.0, None)
+    assert peaks_for(info, "fp8-rowwise") == (989.0, 1979.0, None)
+    assert expected_fp8_dtypes(info) == ["float8_e4m3fn", "float8_e5m2"]
+
+
+def test_amd_mi300_branch_uses_fnuz_and_gcn_arch():
+    # ROCm builds answer to torch.cuda; torch.version.hip is what tells them apart.
+    props = SimpleNamespace(name="AMD Instinct MI300X", gcnArchName="gfx942:sramecc+:xnack-")
+    info = device_info_from(props, device_count=8, hip_version="6.3.42131", cuda_version=None)
+    assert (info.vendor, info.gcn_arch, info.hip_version, info.cuda_version) == (
+        "amd", "gfx942:sramecc+:xnack-", "6.3.42131", None)
+    assert peaks_for(info, "fp8-tensorwise") == (1307.0, 2615.0, None)
+    assert expected_fp8_dtypes(info) == ["float8_e4m3fnuz", "float8_e5m2fnuz"]
+
+
+def test_amd_generic_name_falls_back_to_gcn_arch():
+    info = device_info_from(SimpleNamespace(name="AMD Radeon Graphics", gcnArchName="gfx950"), device_count=1,
+                            hip_version="7.0", cuda_version=None)
+    assert peaks_for(info, "bf16")[0] == 2500.0  # gfx950 -> MI355X
+    assert expected_fp8_dtypes(info) == ["float8_e4m3fn", "float8_e5m2"]  # MI350 series: OCP formats
+
+
+def test_unknown_devices_get_no_mfu_and_a_note():
+    info = device_info_from(SimpleNamespace(name="NVIDIA H100 PCIe"), device_count=1, hip_version=None,
+                            cuda_version="12.4")
+    bf16, own, note = peaks_for(info, "bf16")
+    assert bf16 is None and own is None and "H100 PCIe" in note
+    cpu = device_info_from(None, device_count=1, hip_version=None, cuda_version=None, cuda_available=False)
+    assert cpu.vendor == "cpu" and peaks_for(cpu, "bf16")[:2] == (None, None)
+    # fp32 has no own peak in the table: MFU against bf16 only, said so.
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", 1)
+    assert peaks_for(h200, "fp32")[:2] == (989.0, None) and "fp32" in peaks_for(h200, "fp32")[2]
+
+
+@pytest.mark.parametrize("precision,expected", [
+    ("fp8-tensorwise", ["float8_e4m3fn", "float8_e5m2"]),  # e5m2 for gradients
+    ("fp8-rowwise", ["float8_e4m3fn"]),
+    ("fp8-rowwise-gw-hp", ["float8_e4m3fn"]),
+])
+def test_fp8_dtypes_read_off_torchao_configs(precision, expected):
+    assert fp8_dtypes_of_config(float8_config(precision, emulate=True, fp8_all_gather=False)) == expected
+
+
+def test_float8_config_options():
+    assert float8_config("fp8-tensorwise", emulate=True, fp8_all_gather=True).enable_fsdp_float8_all_gather
+    assert float8_config("fp8-rowwise", emulate=True, fp8_all_gather=False).emulate
+    with pytest.raises(ValueError, match="only with fp8-tensorwise"):
+        float8_config("fp8-rowwise", emulate=True, fp8_all_gather=True)
+    with pytest.raises(ValueError, match="allowed"):
+        float8_config("bf16", emulate=True, fp8_all_gather=False)
+
+
+def test_fp8_filter_skips_output_and_odd_dims():
+    assert fp8_module_filter(torch.nn.Linear(256, 768), "layers.0.feed_forward.w1")
+    assert not fp8_module_filter(torch.nn.Linear(256, 2048), "output")
+    assert not fp8_module_filter(torch.nn.Linear(256, 100), "layers.0.attention.wq")
+    assert not fp8_module_filter(torch.nn.Embedding(10, 16), "tok_embeddings")
+
+
+# -------------------------------------------------------------------------------------------- data
+
+
+def test_synthetic_tokens_deterministic_and_learnable():
+    a, b = SyntheticTokens(2048, seed=3), SyntheticTokens(2048, seed=3)
+    assert torch.equal(a.sequence(5, 2, 33), b.sequence(5, 2, 33))
+    assert not torch.equal(a.sequence(5, 2, 33), a.sequence(5, 3, 33))
+    assert not torch.equal(a.sequence(5, 2, 33), SyntheticTokens(2048, seed=4).sequence(5, 2, 33))
+    assert a.entropy_nats < 0.5 * math.log(2048)  # well below ln(vocab)
+    seq = a.sequence(0, 0, 4096)
+    assert seq.min() >= 0 and seq.max() < 2048
+    # Each token has at most NUM_OFFSETS successors: the empirical conditional entropy is low.
+    successors: dict[int, set[int]] = {}
+    for x, y in zip(seq[:-1].tolist(), seq[1:].tolist()):
+        successors.setdefault(x, set()).add(y)
+    assert max(len(s) for s in successors.values()) <= 16
+
+
+def test_batches_depend_on_global_sequence_index_not_layout():
+    src = SyntheticTokens(2048, seed=1)
+    one = Batches(src, seq_len=16, local_batch_size=4, dp_rank=0, device=torch.device("cpu")).get(3)[0]
+    halves = [Batches(src, seq_len=16, local_batch_size=2, dp_rank=r, device=torch.device("cpu")).get(3)[0]
+              for r in (0, 1)]
+    assert torch.equal(one, torch.cat(halves))
+    inputs, labels = Batches(src, seq_len=16, local_batch_size=1, dp_rank=0, device=torch.device("cpu")).get(0)
+    assert torch.equal(inputs[0, 1:], labels[0, :-1])
+
+
+@pytest.mark.parametrize("vocab,dtype", [(2048, np.uint16), (128256, np.uint32)])
+def test_memmap_tokens(tmp_path, vocab, dtype):
+    path = tmp_path / "tokens.bin"
+    np.arange(1000, dtype=dtype).tofile(path)
+    src = MemmapTokens(str(path), vocab, seed=0)
+    window = src.sequence(step=2, index=1, length=17)
+    assert window.dtype == torch.int64 and len(window) == 17
+    assert torch.equal(window, torch.arange(int(window[0]), int(window[0]) + 17))
+    with pytest.raises(FileNotFoundError, match="data_path"):
+        MemmapTokens(str(tmp_path / "missing.bin"), vocab, seed=0)
+
+
+# ------------------------------------------------------------------------------ schedule, metrics
+
+
+def test_lr_warmup_then_constant_or_cosine():
+    assert [lr_factor(s, 4, 100) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr_factor(0, 0, 100) == 1.0
+    assert lr_factor(4, 4, 100, "cosine") == pytest.approx(1.0)
+    assert lr_factor(100, 4, 100, "cosine") == pytest.approx(0.1)
+
+
+def test_summary_arithmetic_follows_design():
+    s = summarize([999.0, 100.0, 200.0, 300.0], warmup_steps=1, tokens_per_step=8192, num_devices=8,
+                  flops_per_token=10**9, bf16_peak=1000.0, own_peak=2000.0, mfu_note=None,
+                  memory=(1.0, 2.0), num_float8_linears=3)
+    assert s.num_timed_steps == 3 and s.step_ms_median == 200.0 and (s.step_ms_min, s.step_ms_max) == (100.0, 300.0)
+    assert s.tokens_per_sec == pytest.approx(8192 / 0.2)
+    assert s.tokens_per_sec_per_device == pytest.approx(8192 / 0.2 / 8)
+    assert s.tflops_per_device == pytest.approx(8192 / 0.2 / 8 * 1e9 / 1e12)
+    assert s.mfu_vs_bf16_peak == pytest.approx(s.tflops_per_device / 1000)
+    assert s.mfu_vs_precision_peak == pytest.approx(s.tflops_per_device / 2000)
+
+
+# -------------------------------------------------------------------------------------- failures
+
+
+def test_validate_names_every_problem():
+    spec = make_spec(layout="tp=3", num_devices=3)
+    with pytest.raises(InvalidConfig) as err:
+        validate(spec, world_size=2)
+    msg = str(err.value)
+    assert "degrees.world_size(3) != launched world size(2)" in msg
+    assert "num_heads(8) of model debug is not divisible by tp(3)" in msg
+    assert "num_kv_heads(4)" in msg
+    validate(make_spec(layout="tp=2", num_devices=2), world_size=2)  # fine
+
+
+def test_classify():
+    assert classify(InvalidConfig("x")) == "invalid_config"
+    assert classify(torch.OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert classify(RuntimeError("[gloo] Timed out waiting 5000ms for recv operation")) == "comm_timeout"
+    assert classify(torch.distributed.DistBackendError("NCCL watchdog")) == "comm_timeout"
+    assert classify(KeyError("x")) == "error"
