@@ -1,0 +1,178 @@
+"""Worker integration fixtures: a private cluster + queue per test, real Celery worker processes, the API.
+
+Everything is real: Postgres (TEST_DATABASE_URL), Redis (TEST_REDIS_URL), `celery worker` subprocesses
+(--pool solo, as `scalebench up` and compose run them), torchrun + the runner on CPU (debug model, tiny).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.settings import Settings
+from db.models import Run
+from worker import procs
+
+REPO = Path(__file__).resolve().parents[2]
+HEARTBEAT_S, LEASE_S = 1.0, 4.0
+TINY = {"model": "debug", "seq_len": 32, "local_batch_size": 1, "steps": 3, "warmup_steps": 1, "timeout_s": 300}
+LONG = TINY | {"steps": 300}  # tens of seconds: killed or cancelled mid-run (logs every 30 steps)
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@dataclass
+class Cell:
+    """One test's private cluster (its own Celery queue), settings and worker environment."""
+
+    name: str
+    tmp: Path
+    settings: Settings
+    env: dict[str, str]
+    session_factory: sessionmaker[Session]
+
+    def run(self, run_id: int) -> Run:
+        with self.session_factory() as s:
+            run = s.get(Run, run_id)
+            assert run is not None
+            return run
+
+    def run_dir(self, run_id: int) -> Path:
+        return self.settings.runs_dir / f"run-{run_id}"
+
+    def run_pids(self, run_id: int) -> list[int]:
+        """Live torchrun/runner processes of a run (their command line names its spec.json)."""
+        return procs.pids_with_arg(str(self.run_dir(run_id) / "spec.json"))
+
+    def wait_status(self, run_id: int, statuses: tuple[str, ...], timeout_s: float = 120) -> Run:
+        return wait_until(lambda: (r := self.run(run_id)).status in statuses and r, timeout_s,
+                          f"run {run_id} to reach {statuses}")
+
+    def wait_steps(self, run_id: int, min_step: int = 1, timeout_s: float = 120) -> None:
+        """Until the runner logged a training step (torch imported, model built: really running)."""
+        log = self.run_dir(run_id) / "log.txt"
+
+        def stepped() -> bool:
+            text = log.read_text(errors="replace") if log.is_file() else ""
+            return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", text))
+
+        wait_until(stepped, timeout_s, f"run {run_id} to log step {min_step}")
+
+
+@pytest.fixture
+def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Cell:  # noqa: ANN001
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    clusters = tmp_path / "clusters.toml"
+    clusters.write_text(f'[[cluster]]\nname = "{name}"\nvendor = "cpu"\ndevice_name = "cpu (gloo ranks)"\n'
+                        f'gpus_per_node = 4\nlauncher = "local"\n')
+    settings = Settings(data_dir=tmp_path, database_url=pg_url, broker_url=redis_url, clusters_file=str(clusters),
+                        runs_dir=tmp_path / "runs", heartbeat_s=HEARTBEAT_S, lease_s=LEASE_S, max_infra_retries=1)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(SCALEBENCH_DATABASE_URL=pg_url, SCALEBENCH_BROKER_URL=redis_url, SCALEBENCH_DATA_DIR=str(tmp_path),
+               SCALEBENCH_RUNS_DIR=str(settings.runs_dir), SCALEBENCH_CLUSTERS_FILE=str(clusters),
+               SCALEBENCH_HEARTBEAT_S=str(HEARTBEAT_S), SCALEBENCH_LEASE_S=str(LEASE_S),
+               SCALEBENCH_MAX_INFRA_RETRIES="1", PYTHONUNBUFFERED="1")
+    return Cell(name, tmp_path, settings, env, pg_session_factory)
+
+
+@dataclass
+class WorkerProc:
+    proc: subprocess.Popen
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        wait_until(lambda: " ready." in self.log() or self.proc.poll() is not None, timeout_s, "the worker")
+        assert self.proc.poll() is None, f"worker exited:\n{self.log()[-3000:]}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture
+def start_worker(cell: Cell) -> Iterator[Callable[..., WorkerProc]]:
+    """start_worker(env_extra=None) -> a ready `celery worker` on the cell's queue (stopped after the test)."""
+    workers: list[WorkerProc] = []
+
+    def start(env_extra: dict[str, str] | None = None, env: dict[str, str] | None = None) -> WorkerProc:
+        log_path = cell.tmp / f"worker-{len(workers)}.log"
+        cmd = [sys.executable, "-m", "celery", "-A", "worker.main:app", "worker", "-n", f"{cell.name}-{len(workers)}@%h",
+               "-Q", cell.name, "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
+               "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=(env or cell.env) | (env_extra or {}), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        w = WorkerProc(proc, log_path)
+        workers.append(w)
+        w.wait_ready()
+        return w
+
+    yield start
+    for w in workers:
+        w.stop()
+    # Nothing of this test may outlive it (a failed assertion must not leave ranks spinning).
+    leftovers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _names(int(p.name), cell.tmp)]
+    procs.signal_pids(leftovers, signal.SIGKILL)
+
+
+def _names(pid: int, tmp: Path) -> bool:
+    try:
+        return str(tmp).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def api(make_client, cell: Cell):  # noqa: ANN001, ANN201
+    """A TestClient of the real app on the cell's settings (shares the test database and Redis)."""
+    return make_client(settings=cell.settings)
+
+
+def submit(api, cell: Cell, **spec: Any) -> tuple[int, list[int]]:  # noqa: ANN001
+    body = {"name": "worker test", "cluster": cell.name, "precisions": ["bf16"], "gpu_counts": [1]} | TINY | spec
+    response = api.post("/experiments", json=body)
+    assert response.status_code == 201, response.text
+    data = response.json()
+    assert data["dispatched"], data
+    return data["id"], [r["id"] for r in data["runs"]]
+
+
+def run_reaper_once(cell: Cell) -> str:
+    """One pass of the real scheduler process (`python -m worker.reaper --once`)."""
+    proc = subprocess.run([sys.executable, "-m", "worker.reaper", "--once"], cwd=REPO, env=cell.env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr
