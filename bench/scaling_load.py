@@ -8,7 +8,11 @@ with their summaries and 200,000 step records (100 per run; COPY), then measures
    cache keyed by ETag).
 2. The same at concurrency 100, cold and warm (req/s when every dashboard asks at once).
 3. ETag polling at concurrency 100: GET /experiments/{id}/scaling with If-None-Match (all 304): req/s, p50/p99.
-4. The same for GET /experiments/{id} (what the dashboard polls first).
+4. The same for GET /experiments/{id} (what the dashboard polls first), and GET /healthz (the floor).
+5. Phases 3-4 again with a minimal asyncio HTTP/1.1 client (httpx costs ~2.5 ms CPU per request, more
+   than the server's ~1 ms for a 304, and it shares the same two cores).
+Every phase also prints CPU ms per request of uvicorn, its PostgreSQL backends and the client (the
+machine is shared: CPU per request is the load-independent number).
 Targets: scaling p50 < 100 ms; 304 polls >= 500 req/s on this 2-core machine (client on the same cores).
 
     .venv/bin/python bench/scaling_load.py [--workers 2] [--duration-s 10] [--sequential 60]
@@ -232,7 +236,8 @@ def stats(name: str, latencies_s: list[float], wall_s: float, errors: int) -> di
 
 
 def cpu_line(before: dict[str, float], after: dict[str, float], num_requests: int) -> None:
-    per = {k: 1000 * (after[k] - before[k]) / max(num_requests, 1) for k in before}
+    # max(0, ..): PostgreSQL backends that exit between the marks take their CPU with them
+    per = {k: max(0.0, 1000 * (after[k] - before[k]) / max(num_requests, 1)) for k in before}
     service = per["server"] + per["postgres"]
     print(f"{'':<52} CPU per request: server {per['server']:.2f} ms + postgres {per['postgres']:.2f} ms "
           f"(client {per['client']:.2f} ms) -> 2 idle cores serve ~{2000 / service:.0f} req/s "
@@ -301,6 +306,41 @@ async def concurrent(base: str, path: str, concurrency: int, duration_s: float, 
     return row
 
 
+async def raw_conditional(base: str, path: str, concurrency: int, duration_s: float) -> dict:
+    """The 304 poll with a minimal asyncio HTTP/1.1 keep-alive client (no httpx): what the server sustains
+    when the load generator costs little CPU (httpx spends ~2.5 ms of CPU per request here)."""
+    host, port = base.removeprefix("http://").split(":")
+    etag = httpx.get(base + path, timeout=60).headers["etag"]
+    request = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\nIf-None-Match: {etag}\r\n\r\n").encode()
+    latencies: list[float] = []
+    errors = 0
+
+    async def worker(stop: float) -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection(host, int(port))
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            if length:
+                await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t)
+            errors += not head.startswith(b"HTTP/1.1 304")
+        writer.close()
+
+    before = METER.mark() if METER else None
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(t0 + duration_s) for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    after = METER.mark() if METER else None
+    row = stats(f"GET {path} If-None-Match (304) x{concurrency}, raw client", latencies, wall, errors)
+    if before and after:
+        cpu_line(before, after, len(latencies))
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
@@ -333,6 +373,8 @@ def main() -> None:
         asyncio.run(concurrent(base, scaling, args.concurrency, args.duration_s, conditional=True))
         asyncio.run(concurrent(base, f"/experiments/{exp_id}", args.concurrency, args.duration_s, conditional=True))
         asyncio.run(concurrent(base, "/healthz", args.concurrency, args.duration_s, conditional=False))  # the floor
+        asyncio.run(raw_conditional(base, scaling, args.concurrency, args.duration_s))
+        asyncio.run(raw_conditional(base, f"/experiments/{exp_id}", args.concurrency, args.duration_s))
     finally:
         proc.terminate()
         proc.wait(10)
