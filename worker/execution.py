@@ -109,12 +109,18 @@ def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool)
     return None
 
 
+_db_warned_at = 0.0
+
+
 def _try_db(rt: Runtime, fn: Callable[[Session], T], what: str) -> T | None:
     """A best-effort write while the run goes on: the database being down must not stop the run."""
+    global _db_warned_at
     try:
         return with_db(rt, fn, what)
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-        log.warning("%s: database unavailable (%s); the run goes on", what, exc.__class__.__name__)
+        if time.monotonic() - _db_warned_at > 30:  # once per 30 s of outage, not on every poll
+            _db_warned_at = time.monotonic()
+            log.warning("%s: database unavailable (%s); the run goes on", what, exc.__class__.__name__)
         return None
 
 

@@ -69,11 +69,12 @@ class Cell:
                           f"run {run_id} to reach {statuses}")
 
     def wait_steps(self, run_id: int, min_step: int = 1, timeout_s: float = 120) -> None:
-        """Until the runner logged a training step (torch imported, model built: really running)."""
+        """Until the current attempt logged a training step (torch imported, model built: really running)."""
         log = self.run_dir(run_id) / "log.txt"
 
         def stepped() -> bool:
             text = log.read_text(errors="replace") if log.is_file() else ""
+            text = text.rsplit("[scalebench]", 1)[-1]  # this attempt's lines only (log.txt is appended)
             return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", text))
 
         wait_until(stepped, timeout_s, f"run {run_id} to log step {min_step}")
