@@ -242,7 +242,8 @@ def main() -> int:
                 log.warning("budget: skipping throughput of %s", recipe)
                 continue
             spec = runner_spec(recipe, num_layers=layers, seq_len=seq, steps=steps, warmup=warmup,
-                               compile_blocks=compile_blocks, device_type=device.type, model=model)
+                               compile_blocks=compile_blocks, device_type=device.type, model=model,
+                               lr_warmup=warmup)  # no loss spikes from a cold start at full LR
             try:
                 rows[recipe]["ours"] = ours_run(spec)
                 record("ours", recipe, rows[recipe]["ours"])

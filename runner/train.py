@@ -42,6 +42,11 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "c
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+def cross_entropy_fp32(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss in fp32 over (bs, seq, vocab) logits: the largest activation of the step."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
 # ------------------------------------------------------------------------------------------- setup
 
 
@@ -138,6 +143,8 @@ def _run(spec: RunSpec, state: failures.RunState) -> None:
         optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps))
     precompute = spec.precompute_fp8_scales and facts.get("fp8_all_gather", False)
     amp = autocast_context(spec, device)
+    # Compiled, the fp32 upcast fuses into the log-softmax: no fp32 copy of the (tokens, vocab) logits.
+    loss_fn = torch.compile(cross_entropy_fp32) if spec.compile else cross_entropy_fp32
     timer, device_log = StepTimer(device), DeviceLog()
     state.timer, state.device_log, state.num_float8_linears = timer, device_log, facts["num_float8_linears"]
     log_every = max(1, spec.steps // 10)
@@ -150,8 +157,7 @@ def _run(spec: RunSpec, state: failures.RunState) -> None:
         inputs, labels = batches.get(step)
         with amp:
             logits = model(inputs)
-        # fp32 cross-entropy over the vocab: (bs * seq, vocab) logits, the largest activation of the step.
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        loss = loss_fn(logits, labels)
         del logits
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
