@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,3 @@ def precompute_fp8_scales(model: nn.Module) -> None:
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     precompute_float8_dynamic_scale_for_fsdp(model)
-
-
-def float8_dtype_available(name: str) -> bool:
-    return hasattr(torch, name)

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from core.specs import RunResult, RunSpec, resolve_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,11 +40,6 @@ def launch(spec: RunSpec, tmp_path: Path, nproc: int | None = None, env: dict | 
 def losses(result: RunResult) -> list[float]:
     assert result.numerics is not None
     return result.numerics.loss_curve
-
-
-@pytest.fixture
-def run_dir(tmp_path):
-    return tmp_path
 
 
 def dump(result: RunResult | None, stderr: str) -> str:

@@ -84,10 +84,10 @@ def test_hsdp_2x2_fp8_rowwise(tmp_path):
 
 
 def test_ddp_2_ranks_fp8_rowwise_gw_hp(tmp_path):
-    rc, result, err = launch(make_spec("fp8-rowwise-gw-hp", "ddp", 2, local_batch_size=2), tmp_path, nproc=2)
+    rc, result, err = launch(make_spec("fp8-rowwise-gw-hp", "ddp", 2, local_batch_size=2, steps=8), tmp_path, nproc=2)
     assert rc == 0, dump(result, err)
     assert "ddp over mesh {'dp_replicate': 2}" in err
-    assert_learns(result)
+    assert_learns(result, floor=0.9)
 
 
 def test_fp8_emulated_tracks_bf16_in_process(fp32_single):
