@@ -26,7 +26,7 @@ from worker.runtime import Runtime
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CANCEL_CHECK_S = 1.0  # how often the cancel flag is read (cancel must end the run within 10 s)
-POLL_S = 0.5
+POLL_S = 0.25
 DB_RETRY_MAX_S = 5.0
 TAIL_IN_MESSAGE_CHARS = 2000
 
@@ -60,6 +60,8 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
         cluster = rt.cluster(run.cluster)
         launcher = rt.launcher(cluster)
         run_dir = rt.run_dir(cluster, run_id)
+        if run.attempts == 1 and run_dir.exists():  # left by a previous database with the same run ids
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         handle = launcher.start(spec, str(run_id), run_dir)
     except Exception as exc:  # noqa: BLE001 - recorded, never swallowed
         log.exception("run %d: launch failed", run_id)
@@ -70,7 +72,10 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
     outcome = _watch(rt, run_id, launcher, handle)
     if outcome is None:
         return "cancelled"
-    return _finish(rt, run_id, run.spec, run.attempts, outcome, republish)
+    status = _finish(rt, run_id, run.spec, run.attempts, outcome, republish)
+    if hasattr(launcher, "finish"):  # the result was visible first; the node is free after teardown
+        launcher.finish(handle)
+    return status
 
 
 def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOutcome | None:

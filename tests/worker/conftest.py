@@ -68,16 +68,20 @@ class Cell:
         return wait_until(lambda: (r := self.run(run_id)).status in statuses and r, timeout_s,
                           f"run {run_id} to reach {statuses}")
 
-    def wait_steps(self, run_id: int, min_step: int = 1, timeout_s: float = 120) -> None:
-        """Until the current attempt logged a training step (torch imported, model built: really running)."""
+    def wait_steps(self, run_id: int, min_step: int = 1, attempt: int = 1, timeout_s: float = 120) -> None:
+        """Until attempt `attempt` logged a training step (torch imported, model built: really running).
+
+        log.txt is appended across attempts; each launch starts with one "[scalebench] ... starting" line.
+        """
         log = self.run_dir(run_id) / "log.txt"
 
         def stepped() -> bool:
-            text = log.read_text(errors="replace") if log.is_file() else ""
-            text = text.rsplit("[scalebench]", 1)[-1]  # this attempt's lines only (log.txt is appended)
-            return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", text))
+            launches = (log.read_text(errors="replace") if log.is_file() else "").split("[scalebench]")[1:]
+            if len(launches) < attempt:
+                return False
+            return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", launches[attempt - 1]))
 
-        wait_until(stepped, timeout_s, f"run {run_id} to log step {min_step}")
+        wait_until(stepped, timeout_s, f"run {run_id} attempt {attempt} to log step {min_step}")
 
 
 @pytest.fixture

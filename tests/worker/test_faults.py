@@ -23,7 +23,7 @@ def test_worker_sigkill_ends_torchrun_and_reaper_requeues_then_fails(cell, api, 
     _, (run_id,) = submit(api, cell, **(LONG | {"gpu_counts": [2]}))
     for attempt in (1, 2):
         worker = start_worker()
-        cell.wait_steps(run_id)
+        cell.wait_steps(run_id, attempt=attempt)
         assert len(cell.run_pids(run_id)) == 3  # torchrun + 2 ranks
         os.kill(worker.pid, signal.SIGKILL)
         t0 = time.monotonic()
@@ -63,9 +63,7 @@ def test_infrastructure_failure_is_retried_a_bounded_number_of_times(cell, api, 
     worker = start_worker()
     _, (run_id,) = submit(api, cell, **(LONG | {"gpu_counts": [1]}))
     for attempt in (1, 2):
-        wait_until(lambda: cell.run(run_id).attempts == attempt and cell.run(run_id).status == "running", 60,
-                   f"attempt {attempt}")
-        cell.wait_steps(run_id)
+        cell.wait_steps(run_id, attempt=attempt)
         handle = LaunchHandle.load(cell.run_dir(run_id))
         os.kill(handle.pid, signal.SIGKILL)
     run = cell.wait_status(run_id, ("failed",), timeout_s=60)

@@ -92,7 +92,7 @@ class LocalLauncher:
         if running:
             if handle.deadline is not None and time.time() > handle.deadline:
                 return self._timeout(handle)
-            return LaunchOutcome(state="running")
+            return _early_success(handle) or LaunchOutcome(state="running")
         _CHILDREN.pop(handle.pid or -1, None)
         # torchrun is gone, but ranks live in their own sessions: make sure none is left behind.
         self._sweep(handle)
@@ -105,6 +105,18 @@ class LocalLauncher:
         tail = log_tail(handle.run_dir)
         return LaunchOutcome(state="failed", error_kind="timeout", exit_code=None, log_tail=tail,
                              message=f"the run exceeded its wall-clock limit of {limit_s} s (timeout_s) and was ended")
+
+    def finish(self, handle: LaunchHandle, grace_s: float = 30.0) -> None:
+        """After a result was taken early: wait for torchrun's teardown (the node is not free before), then
+        end whatever is left."""
+        deadline = time.monotonic() + grace_s
+        while _status(handle)[0] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _status(handle)[0]:
+            log.warning("run %s: torchrun still alive %.0f s after its result: ending it", handle.run_id, grace_s)
+            self._terminate(handle)
+        _CHILDREN.pop(handle.pid or -1, None)
+        self._sweep(handle)
 
     # ----------------------------------------------------------------------------------------- cancel
 
@@ -136,6 +148,19 @@ def _status(handle: LaunchHandle) -> tuple[bool, int | None]:
         return code is None, code
     alive = handle.pid is not None and procs.is_alive(handle.pid, handle.extra.get("start_ticks"))
     return alive, None
+
+
+def _early_success(handle: LaunchHandle) -> LaunchOutcome | None:
+    """A succeeded result.json while torchrun still tears its ranks down (~1-2 s): the result can be recorded
+    now (the caller then calls finish()). A failed result waits for the exit: rank 0 may still replace a
+    peer's 'connection closed' with the root cause."""
+    path = Path(handle.run_dir) / RESULT_FILE
+    if not path.exists():
+        return None
+    result, _why = read_result(handle.run_dir)
+    if result is None or result.status != "succeeded":
+        return None
+    return LaunchOutcome(state="succeeded", result=result, log_tail=log_tail(handle.run_dir))
 
 
 def outcome_from_run_dir(run_dir: str | Path, exit_code: int | None) -> LaunchOutcome:
