@@ -61,8 +61,9 @@ def runs_table(details: list[dict[str, Any]]) -> Table:
 
 
 def scaling_table(report: ScalingReport) -> Table:
-    table = Table(title="Scaling (X = global tokens/s, median over repeats; E(N) = X(N) / (X(N0) * N / N0))",
-                  title_justify="left")
+    table = Table(title="Scaling", title_justify="left",
+                  caption="X = global tokens/s (median over repeats); E(N) = X(N) / (X(N0) * N / N0), N0 = smallest N",
+                  caption_justify="left")
     for col in ("precision", "layout", "N", "X tok/s", "tok/s/dev", "E(N)", "MFU", "status"):
         table.add_column(col, justify="left" if col in ("precision", "layout", "status") else "right")
     for s in report.series:
@@ -75,7 +76,8 @@ def scaling_table(report: ScalingReport) -> Table:
 
 
 def speedup_table(report: ScalingReport) -> Table:
-    table = Table(title="fp8 speedup S(N) = X_fp8(N) / X_bf16(N)", title_justify="left")
+    table = Table(title="fp8 speedup S(N) = X_fp8(N) / X_bf16(N)", title_justify="left",
+                  caption="loss gap = (fp8 - bf16) / bf16 final loss", caption_justify="left")
     for col in ("fp8 recipe", "layout", "N", "fp8 tok/s", "bf16 tok/s", "speedup", "loss gap"):
         table.add_column(col, justify="left" if col in ("fp8 recipe", "layout") else "right")
     for sp in report.speedups:

@@ -12,13 +12,14 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from api.cli_client import ApiClient, CliError
@@ -83,11 +84,18 @@ def _step_progress(client: ApiClient, run_id: int) -> tuple[int, int] | None:
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
+def _duration(run: dict[str, Any]) -> str:
+    if not (run.get("started_at") and run.get("finished_at")):
+        return ""
+    seconds = (datetime.fromisoformat(run["finished_at"]) - datetime.fromisoformat(run["started_at"])).total_seconds()
+    return f" in {seconds:.0f} s"
+
+
 def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout_s: float | None = None) -> dict:
     """Progress bars per run (steps from its log) until every run ended; returns the experiment."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+                  console=console, transient=False) as progress:
         tasks: dict[int, Any] = {}
         while True:
             runs = client.all_runs(experiment_id)
@@ -100,7 +108,7 @@ def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout
                 elif status in TERMINAL:
                     total = progress.tasks[task_id].total or 1
                     state = status if status != "failed" else f"failed ({run.get('error_kind')})"
-                    progress.update(task_id, completed=total, state=state)
+                    progress.update(task_id, completed=total, state=state + _duration(run))
                 else:
                     progress.update(task_id, state=status)
             if runs and all(r["status"] in TERMINAL for r in runs):
