@@ -78,7 +78,8 @@ class Stack:
             self._spawn("worker", [py, "-m", "celery", "-A", "worker.main:app", "worker", "-n", "scalebench@%h",
                                    "-Q", ",".join(self.queues), "--pool", "solo", "--concurrency", "1",
                                    "--prefetch-multiplier", "1", "--loglevel", "INFO"])
-        self._spawn("scheduler", [py, "-m", "worker.reaper", "--interval-s", str(self.reaper_interval_s)])
+        # reaper (expired leases, finished run dirs, re-publishing) + the nightly suites, one process
+        self._spawn("scheduler", [py, "-m", "worker.scheduler", "--reap-interval-s", str(self.reaper_interval_s)])
         self.wait_ready(ready_timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
