@@ -81,12 +81,27 @@ def _end_leftovers(rt: Runtime, run_ids: list[int]) -> None:
         if not run_dir or not Path(run_dir).is_dir():
             continue
         handle = LaunchHandle.load(run_dir)
+        if handle is not None and handle.launcher == "slurm" and handle.job_id:
+            _cancel_slurm_job(rt, run_id, handle)  # not a child of any worker: PDEATHSIG does not reach it
+            continue
         pgid = None
         if handle and handle.pid and procs.is_alive(handle.pid, handle.extra.get("start_ticks")):
             pgid = handle.extra.get("pgid", handle.pid)
         if pgid is not None or _processes_alive(Path(run_dir)):
             log.warning("run %d: reaped but its processes are alive here: ending them", run_id)
             procs.terminate_run_processes(pgid, str(Path(run_dir) / SPEC_FILE), grace_s=5.0)
+
+
+def _cancel_slurm_job(rt: Runtime, run_id: int, handle: LaunchHandle) -> None:
+    cluster = rt.clusters.get(handle.extra.get("cluster", ""))
+    if cluster is None or cluster.launcher != "slurm":
+        log.warning("run %d: reaped; Slurm job %s of an unknown cluster left alone", run_id, handle.job_id)
+        return
+    try:
+        rt.launcher(cluster).cancel(handle)
+        log.warning("run %d: reaped: cancelled its Slurm job %s", run_id, handle.job_id)
+    except Exception:  # noqa: BLE001 - scancel missing or refused: logged; Slurm's --time still bounds the job
+        log.exception("run %d: reaped; could not cancel Slurm job %s", run_id, handle.job_id)
 
 
 def reap_once(rt: Runtime, celery: Celery | None = None) -> dict[str, list[int]]:
