@@ -28,7 +28,7 @@ testdb: venv services
 
 test: venv services testdb
 	bash scripts/test-deps.sh
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
