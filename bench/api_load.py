@@ -19,25 +19,23 @@ import asyncio
 import logging
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.common import fresh_database, free_port, start_uvicorn, versions  # noqa: E402
 
 from db.session import make_engine, make_session_factory, session_scope  # noqa: E402
 from db.tokens import create_token  # noqa: E402
 
 log = logging.getLogger("api_load")
-PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
 BENCH_DB = "scalebench_bench"
 REDIS_URL = "redis://127.0.0.1:6379/11"  # tests use db 15 (other runs 12-14)
 CLUSTERS_TOML = """[[cluster]]
@@ -55,52 +53,12 @@ MATRIX = {"name": "bench 8b scaling", "model": "8b", "cluster": "h200-pod", "gpu
           "layouts": ["fsdp", "tp=2+fsdp"], "repeats": 2, "seq_len": 8192, "steps": 30, "tags": ["bench"]}
 
 
-def fresh_database() -> str:
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)"))
-        conn.execute(sa.text(f"CREATE DATABASE {BENCH_DB}"))
-    admin.dispose()
-    url = f"postgresql+psycopg://root@127.0.0.1:5432/{BENCH_DB}"
-    from alembic import command
-    from alembic.config import Config
-
-    cfg = Config(str(REPO / "alembic.ini"))
-    cfg.attributes.update(url=url, configure_logger=False)
-    command.upgrade(cfg, "head")
-    return url
-
-
 def new_token(url: str) -> str:
     engine = make_engine(url)
     with session_scope(make_session_factory(engine)) as s:
         token, _ = create_token(s, "bench")
     engine.dispose()
     return token
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_uvicorn(url: str, clusters_file: str, port: int, workers: int) -> subprocess.Popen:
-    env = os.environ | {"SCALEBENCH_DATABASE_URL": url, "SCALEBENCH_BROKER_URL": REDIS_URL,
-                        "SCALEBENCH_CLUSTERS_FILE": clusters_file, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("uvicorn did not become ready within 30 s")
 
 
 def stats(name: str, latencies_s: list[float], wall_s: float, errors: int) -> dict:
@@ -197,19 +155,6 @@ async def poll_phase(base: str, exp_id: int, pollers: int, rate: float | None, d
     return stats(f"{label}{' If-None-Match' if conditional else ''} ({pollers} pollers)", latencies, wall, errors)
 
 
-def versions() -> str:
-    import fastapi
-    import psycopg
-    import uvicorn
-
-    pg = sa.create_engine(PG_ADMIN)
-    with pg.connect() as conn:
-        pg_version = conn.execute(sa.text("SHOW server_version")).scalar()
-    pg.dispose()
-    return (f"python {platform.python_version()}, fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}, "
-            f"sqlalchemy {sa.__version__}, psycopg {psycopg.__version__}, postgresql {pg_version}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (one per core)")
@@ -224,12 +169,12 @@ def main() -> None:
 
     r = redis.Redis.from_url(REDIS_URL)
     r.flushdb()
-    url = fresh_database()
+    url = fresh_database(BENCH_DB)
     token = new_token(url)
     port = free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(CLUSTERS_TOML)
-    proc = start_uvicorn(url, f.name, port, args.workers)
+    proc = start_uvicorn(url, REDIS_URL, f.name, port, args.workers)
     base = f"http://127.0.0.1:{port}"
     try:
         print(f"{platform.node()}: {os.cpu_count()} cores; {versions()}; uvicorn workers {args.workers}; "

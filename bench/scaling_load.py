@@ -29,9 +29,7 @@ import logging
 import os
 import platform
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +41,8 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import fresh_database, free_port, start_uvicorn, versions  # noqa: E402
+
 from core.clusters import Cluster  # noqa: E402
 from core.matrix import expand  # noqa: E402
 from core.specs import ExperimentSpec  # noqa: E402
@@ -51,7 +51,6 @@ from db.models import Run, RunSummary  # noqa: E402
 from db.session import make_engine, make_session_factory, session_scope  # noqa: E402
 
 log = logging.getLogger("scaling_load")
-PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
 BENCH_DB = "scalebench_bench2"
 REDIS_URL = "redis://127.0.0.1:6379/12"  # the app's Celery client connects lazily; nothing is published
 CLUSTER = Cluster(name="h200-big", vendor="nvidia", device_name="NVIDIA H200", gpus_per_node=8, max_nodes=512,
@@ -72,22 +71,6 @@ SPEC = ExperimentSpec(name="bench 8b scaling, 2000 runs", model="8b", cluster="h
                       seq_len=8192, steps=100, warmup_steps=5)
 STEPS_PER_RUN = 100
 SPEEDUP = {"bf16": 1.0, "fp8-tensorwise": 1.16, "fp8-rowwise": 1.03, "fp8-rowwise-gw-hp": 1.10}
-
-
-def fresh_database() -> str:
-    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)"))
-        conn.execute(sa.text(f"CREATE DATABASE {BENCH_DB}"))
-    admin.dispose()
-    url = f"postgresql+psycopg://root@127.0.0.1:5432/{BENCH_DB}"
-    from alembic import command
-    from alembic.config import Config
-
-    cfg = Config(str(REPO / "alembic.ini"))
-    cfg.attributes.update(url=url, configure_logger=False)
-    command.upgrade(cfg, "head")
-    return url
 
 
 def seed(url: str) -> int:
@@ -134,50 +117,6 @@ def seed(url: str) -> int:
     print(f"seeded experiment {exp_id}: {counts[0]} runs, {counts[1]} step records in {time.perf_counter() - t0:.1f} s")
     return exp_id
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_uvicorn(url: str, clusters_file: str, port: int, workers: int) -> subprocess.Popen:
-    env = os.environ | {"SCALEBENCH_DATABASE_URL": url, "SCALEBENCH_BROKER_URL": REDIS_URL,
-                        "SCALEBENCH_CLUSTERS_FILE": clusters_file, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log",
-           "--backlog", "2048"]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("uvicorn did not become ready within 60 s")
-
-
-def versions() -> str:
-    import fastapi
-    import psycopg
-    import pydantic
-    import uvicorn
-
-    pg = sa.create_engine(PG_ADMIN)
-    with pg.connect() as conn:
-        pg_version = conn.execute(sa.text("SHOW server_version")).scalar()
-    pg.dispose()
-    return (f"python {platform.python_version()}, fastapi {fastapi.__version__}, pydantic {pydantic.__version__}, "
-            f"uvicorn {uvicorn.__version__}, sqlalchemy {sa.__version__}, psycopg {psycopg.__version__}, "
-            f"httpx {httpx.__version__}, postgresql {pg_version}")
-
-
-# ------------------------------------------------------------------------------------- CPU accounting
-# The machine is shared: wall-clock req/s depends on what else runs. CPU seconds per request do not (much):
-# they say what a poll costs, and so what two idle cores could serve.
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -350,13 +289,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    url = fresh_database()
+    url = fresh_database(BENCH_DB)
     exp_id = seed(url)
     port = free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(CLUSTERS_TOML)
     os.environ["SCALEBENCH_DATA_DIR"] = tempfile.mkdtemp(prefix="scaling-load-")
-    proc = start_uvicorn(url, f.name, port, args.workers)
+    proc = start_uvicorn(url, REDIS_URL, f.name, port, args.workers)
     base = f"http://127.0.0.1:{port}"
     scaling = f"/experiments/{exp_id}/scaling"
     global METER

@@ -1,0 +1,79 @@
+"""What the service benchmarks share: a fresh Postgres database built by the migrations, a uvicorn server
+on a free loopback port, and the version line every recorded result carries."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parents[1]
+PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
+
+
+def fresh_database(name: str) -> str:
+    """Drop and create database `name`, run `alembic upgrade head` on it; its URL."""
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    url = f"postgresql+psycopg://root@127.0.0.1:5432/{name}"
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config(str(REPO / "alembic.ini"))
+    cfg.attributes.update(url=url, configure_logger=False)
+    command.upgrade(cfg, "head")
+    return url
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_uvicorn(url: str, broker_url: str, clusters_file: str, port: int, workers: int, *,
+                  ready_path: str = "/healthz", timeout_s: float = 60.0) -> subprocess.Popen:
+    """uvicorn serving the app factory on 127.0.0.1:port; returns once `ready_path` answers 200."""
+    env = os.environ | {"SCALEBENCH_DATABASE_URL": url, "SCALEBENCH_BROKER_URL": broker_url,
+                        "SCALEBENCH_CLUSTERS_FILE": clusters_file, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
+           "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log",
+           "--backlog", "2048"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"uvicorn exited with {proc.returncode}")
+        time.sleep(0.2)
+    proc.terminate()
+    raise RuntimeError(f"uvicorn did not become ready within {timeout_s:.0f} s")
+
+
+def versions() -> str:
+    import fastapi
+    import psycopg
+    import pydantic
+    import uvicorn
+
+    pg = sa.create_engine(PG_ADMIN)
+    with pg.connect() as conn:
+        pg_version = conn.execute(sa.text("SHOW server_version")).scalar()
+    pg.dispose()
+    return (f"python {platform.python_version()}, fastapi {fastapi.__version__}, pydantic {pydantic.__version__}, "
+            f"uvicorn {uvicorn.__version__}, sqlalchemy {sa.__version__}, psycopg {psycopg.__version__}, "
+            f"httpx {httpx.__version__}, postgresql {pg_version}")
