@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import typing
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,7 +17,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core.specs import LAYOUT_FORMS, ExperimentSpec
+from core.specs import LAYOUT_FORMS
 
 log = logging.getLogger(__name__)
 PROBLEM_TYPE = "application/problem+json"
@@ -83,12 +84,37 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return prefix + (out or "body")
 
 
-def _allowed(err: dict[str, Any]) -> list[Any] | None:
+def _model_at(model: Any, path: tuple[Any, ...]) -> Any:
+    """The pydantic model that holds the last key of `path`, walking nested models (lists skipped)."""
+    for key in path:
+        if isinstance(key, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(key)
+        if field is None:
+            return None
+        model = field.annotation
+        for arg in typing.get_args(model) or ():  # list[X], X | None
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                model = arg
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _body_model(request: Request | None) -> Any:
+    route = request.scope.get("route") if request is not None else None
+    params = getattr(getattr(route, "dependant", None), "body_params", None) or []
+    if len(params) != 1:
+        return None
+    return getattr(params[0].field_info, "annotation", None)
+
+
+def _allowed(err: dict[str, Any], body_model: Any = None) -> list[Any] | None:
     kind, ctx = err.get("type", ""), err.get("ctx") or {}
     if kind in ("literal_error", "enum") and "expected" in ctx:
         return _EXPECTED_RE.findall(str(ctx["expected"])) or None
-    if kind == "extra_forbidden" and err.get("loc", ("",))[0] == "body":
-        return sorted(ExperimentSpec.model_fields)
+    loc = tuple(err.get("loc", ("",)))
+    if kind == "extra_forbidden" and loc[0] == "body":
+        model = _model_at(body_model, loc[1:-1]) if body_model is not None else None
+        return sorted(model.model_fields) if model is not None else None
     if "layout" in str(err.get("msg", "")) and LAYOUT_FORMS in str(err.get("msg", "")):
         return ["fsdp", "ddp", "hsdp:shard=S", "tp=T", "tp=T+fsdp"]
     return None
@@ -102,16 +128,18 @@ def _message(err: dict[str, Any]) -> str:
     return msg
 
 
-def validation_errors(errors: list[dict[str, Any]]) -> list[FieldError]:
+def validation_errors(errors: list[dict[str, Any]], body_model: Any = None) -> list[FieldError]:
+    """Pydantic errors as FieldErrors; `body_model` (the route's body type) names the fields an unknown one
+    could have been."""
     return [FieldError(field="body" if e.get("type") == "json_invalid" else _field_path(tuple(e.get("loc", ()))),
-                       message=_message(e), allowed=_allowed(e)) for e in errors]
+                       message=_message(e), allowed=_allowed(e, body_model)) for e in errors]
 
 
 # ------------------------------------------------------------------------------------------- handlers
 
 
 async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = validation_errors(list(exc.errors()))
+    errors = validation_errors(list(exc.errors()), _body_model(request))
     detail = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
     return problem_response(request, 422, f"invalid request: {detail}", errors)
 

@@ -130,3 +130,11 @@ def test_not_found_is_a_problem(client):
     for path in ("/experiments/424242", "/runs/424242", "/experiments/424242/runs", "/no/such/path"):
         r = client.get(path)
         assert r.status_code == 404 and r.headers["content-type"] == PROBLEM and r.json()["status"] == 404
+
+
+def test_unknown_field_lists_the_fields_of_the_model_it_was_sent_to(client) -> None:
+    body = {"name": "s", "shedule": "0 2 * * *", "spec": {"name": "e", "model": "debug", "gpu_counts": [1],
+                                                          "precisions": ["bf16"], "colour": "red"}}
+    errors = {e["field"]: e for e in client.post("/suites", json=body).json()["errors"]}
+    assert "schedule" in errors["shedule"]["allowed"] and "gpu_counts" not in errors["shedule"]["allowed"]
+    assert "gpu_counts" in errors["spec.colour"]["allowed"]
