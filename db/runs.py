@@ -6,6 +6,8 @@ message, the reaper and a cancel can race without a lost update. Functions never
     queued --claim_run--> running --record_result--> succeeded | failed
        |                    |  \\--mark_failed------> failed
        |                    |   \\--reap_expired----> queued (attempts left) | failed 'worker_lost'
+       |                    |    \\-requeue_detached-> queued, attempt not spent (a Slurm job outlives its worker:
+       |                    |                          the next claim re-attaches to it, count_attempt=False)
        \\--mark_cancelled--> cancelled  <--mark_cancelled (worker acted on cancel_requested)
 """
 
@@ -39,12 +41,16 @@ def _update(session: Session, run_id: int, where: list, **values) -> bool:
 
 
 def claim_run(session: Session, run_id: int, worker: str, host: str, lease_s: float,
-              now: datetime | None = None) -> bool:
-    """queued -> running with a lease, in one atomic UPDATE. False: someone else has it (or it is gone)."""
+              now: datetime | None = None, count_attempt: bool = True) -> bool:
+    """queued -> running with a lease, in one atomic UPDATE. False: someone else has it (or it is gone).
+
+    count_attempt=False: the worker re-attaches to a Slurm job submitted by an earlier claim (no new launch),
+    so neither the attempt count nor started_at changes."""
     now = now or utcnow()
     return _update(
         session, run_id, [Run.status == "queued", Run.cancel_requested.is_(False)],
-        status="running", attempts=Run.attempts + 1, worker=worker, host=host, started_at=now,
+        status="running", attempts=Run.attempts + int(count_attempt), worker=worker, host=host,
+        started_at=now if count_attempt else sa.func.coalesce(Run.started_at, now),
         heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s), finished_at=None,
         error_kind=None, error_message=None,
     )
@@ -137,6 +143,23 @@ def reap_expired(session: Session, now: datetime | None = None, max_attempts: in
     if requeued or failed or cancelled:
         log.warning("reaped expired leases: requeued %s, failed %s, cancelled %s", requeued, failed, cancelled)
     return requeued, failed + cancelled
+
+
+def requeue_detached(session: Session, run_ids: list[int], now: datetime | None = None) -> list[int]:
+    """Expired active runs whose work goes on without their worker (a submitted Slurm job) -> queued, undispatched.
+
+    Neither failed nor counted as an attempt: the job does not depend on the worker that died, and the next
+    claim re-attaches to it. A run with a pending cancel is left to reap_expired (cancelled, job scancelled).
+    Returns the ids requeued."""
+    if not run_ids:
+        return []
+    now = now or utcnow()
+    where = [Run.id.in_(run_ids), Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now,
+             Run.cancel_requested.is_(False)]
+    requeued = _bulk(session, where, status="queued", dispatched_at=None, worker=None, host=None)
+    if requeued:
+        log.warning("expired leases of runs with a live launch (Slurm job): requeued to re-attach %s", requeued)
+    return requeued
 
 
 def _bulk(session: Session, where: list, **values) -> list[int]:

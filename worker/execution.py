@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -47,9 +49,13 @@ def with_db(rt: Runtime, fn: Callable[[Session], T], what: str, retry_forever: b
 
 
 def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | None = None) -> str:
-    """Claim and execute one run; returns what happened ('skipped', or the final status)."""
-    claimed = with_db(rt, lambda s: db_runs.claim_run(s, run_id, rt.worker_name, rt.host, rt.settings.lease_s),
-                      f"run {run_id}: claim")
+    """Claim and execute one run; returns what happened ('skipped', or the final status).
+
+    A run that already has a live Slurm job (its worker died and the reaper requeued it, or its message came
+    again) is re-attached to that job, never submitted again; the claim then spends no attempt."""
+    attached = _find_attachable(rt, run_id)
+    claimed = with_db(rt, lambda s: db_runs.claim_run(s, run_id, rt.worker_name, rt.host, rt.settings.lease_s,
+                                                      count_attempt=attached is None), f"run {run_id}: claim")
     if not claimed:
         log.info("run %d: not claimable (already claimed, finished, cancelled or gone): nothing to do", run_id)
         return "skipped"
@@ -59,10 +65,15 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
         spec = RunSpec.model_validate(run.spec)
         cluster = rt.cluster(run.cluster)
         launcher = rt.launcher(cluster)
-        run_dir = rt.run_dir(cluster, run_id)
-        if run.attempts == 1 and run_dir.exists():  # left by a previous database with the same run ids
-            run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
-        handle = launcher.start(spec, str(run_id), run_dir)
+        if attached is not None:
+            handle, run_dir = attached, Path(attached.run_dir)
+            log.warning("run %d: re-attached to Slurm job %s (submitted by an earlier claim; last state %s)",
+                        run_id, handle.job_id, handle.extra.get("last_state"))
+        else:
+            run_dir = rt.run_dir(cluster, run_id)
+            if run.attempts == 1 and run_dir.exists():  # left by a previous database with the same run ids
+                run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
+            handle = launcher.start(spec, str(run_id), run_dir)
     except Exception as exc:  # noqa: BLE001 - recorded, never swallowed
         log.exception("run %d: launch failed", run_id)
         _record_failure(rt, run_id, run.spec, "launch_error", f"launch failed: {exc}", "")
@@ -72,10 +83,50 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
     outcome = _watch(rt, run_id, launcher, handle)
     if outcome is None:
         return "cancelled"
+    _mark_ended(handle, outcome.state)
     status = _finish(rt, run_id, run.spec, run.attempts, outcome, republish)
     if hasattr(launcher, "finish"):  # the result was visible first; the node is free after teardown
         launcher.finish(handle)
     return status
+
+
+def attachable_handle(run_dir: str | Path, run_id: int, created_at: datetime) -> LaunchHandle | None:
+    """The handle of a Slurm job submitted for this run whose outcome no worker has taken yet, else None.
+
+    A handle written before the run was created belongs to a previous database with the same run ids."""
+    try:
+        handle = LaunchHandle.load(run_dir)
+    except (OSError, ValueError, TypeError) as exc:  # unreadable or from another version: launch afresh
+        log.warning("run %d: handle in %s unreadable (%s): not re-attaching", run_id, run_dir, exc)
+        return None
+    if handle is None or handle.launcher != "slurm" or not handle.job_id or handle.run_id != str(run_id):
+        return None
+    created_s = (created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)).timestamp()
+    if handle.extra.get("ended") or handle.started_at < created_s:
+        return None
+    return handle
+
+
+def _find_attachable(rt: Runtime, run_id: int) -> LaunchHandle | None:
+    """Before claiming: does this queued run already have a Slurm job to re-attach to?"""
+    run = with_db(rt, lambda s: s.get(Run, run_id), f"run {run_id}: read before claim")
+    if run is None or run.status != "queued" or run.cluster not in rt.clusters:
+        return None  # the claim (or the launch) says what is wrong
+    cluster = rt.clusters[run.cluster]
+    if cluster.launcher != "slurm":
+        return None  # a local run's processes died with their worker: it is launched again
+    return attachable_handle(run.run_dir or rt.run_dir(cluster, run_id), run_id, run.created_at)
+
+
+def _mark_ended(handle: LaunchHandle, state: str) -> None:
+    """A Slurm job whose outcome was taken is not re-attached again (e.g. after an infrastructure retry)."""
+    if handle.launcher != "slurm":
+        return
+    handle.extra["ended"] = state
+    try:
+        handle.save()
+    except OSError as exc:  # shared dir unreachable: the outcome is still recorded; a retry may re-attach once
+        log.warning("run %s: could not mark %s ended (%s)", handle.run_id, handle.run_dir, exc)
 
 
 def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOutcome | None:
@@ -106,6 +157,11 @@ def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOu
 
 
 def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool) -> None:
+    if not owned and handle.launcher == "slurm":
+        # Reaped while this worker could not heartbeat: the reaper requeued it for a worker to re-attach
+        # (or cancelled it, and scancelled the job itself). The job does not depend on us: leave it alone.
+        log.warning("run %d: no longer ours: stop watching Slurm job %s (left running)", run_id, handle.job_id)
+        return None
     why = "cancel requested" if owned else "the run is no longer ours (reaped or cancelled)"
     log.info("run %d: %s: ending its processes", run_id, why)
     launcher.cancel(handle)

@@ -3,10 +3,13 @@
 One pass (`reap_once`):
 1. recover finished run dirs: an active run whose worker is gone (lease expired, or a dead pid on this host)
    but whose result.json is on disk is recorded from it (e.g. the database was down when it finished);
-2. reap expired leases (db.runs.reap_expired): back to queued while attempts remain, else failed
+2. expired leases of runs with a submitted Slurm job (handle.json in the run dir): the job does not depend on
+   the worker that died, so the run goes back to the queue without spending an attempt and is neither
+   failed nor scancelled; the next worker to claim it re-attaches to the job (worker.execution);
+3. reap the other expired leases (db.runs.reap_expired): back to queued while attempts remain, else failed
    `worker_lost`; processes of reaped runs still alive on this host are ended (extra safety: PDEATHSIG
-   normally took them down with their worker);
-3. requeued runs (and queued runs whose publish failed: dispatched_at NULL) are published again.
+   normally took them down with their worker), a reaped run's Slurm job only when a cancel was pending;
+4. requeued runs (and queued runs whose publish failed: dispatched_at NULL) are published again.
 
 `python -m worker.reaper` runs passes in a loop (the scheduler of `scalebench up` and of compose's beat).
 """
@@ -30,7 +33,7 @@ from db.models import ACTIVE_STATUSES, Run, utcnow
 from worker import procs
 from worker.celery_app import make_celery
 from worker.dispatch import dispatch_pending
-from worker.execution import with_db
+from worker.execution import attachable_handle, with_db
 from worker.launchers.base import SPEC_FILE, LaunchHandle, read_result
 from worker.runtime import Runtime, get_runtime
 
@@ -71,6 +74,26 @@ def recover_finished_runs(rt: Runtime) -> list[int]:
     return recovered
 
 
+def requeue_detached_runs(rt: Runtime, now: datetime | None = None) -> list[int]:
+    """Expired runs that have a Slurm job to re-attach to -> queued (db.runs.requeue_detached). Returns their ids."""
+    now = now or utcnow()
+
+    def expired(s: Session) -> list:
+        return list(s.execute(sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at).where(
+            Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now, Run.cancel_requested.is_(False))))
+
+    run_ids = []
+    for run_id, cluster_name, run_dir, created_at in with_db(rt, expired, "reap: expired runs"):
+        cluster = rt.clusters.get(cluster_name)
+        if run_dir is None and cluster is not None and cluster.launcher == "slurm":
+            run_dir = str(rt.run_dir(cluster, run_id))  # died between sbatch and recording the run dir
+        if run_dir and attachable_handle(run_dir, run_id, created_at) is not None:
+            run_ids.append(run_id)
+    if not run_ids:
+        return []
+    return with_db(rt, lambda s: db_runs.requeue_detached(s, run_ids, now), "reap: requeue detached runs")
+
+
 def _end_leftovers(rt: Runtime, run_ids: list[int]) -> None:
     """Processes of reaped runs still alive on this host are ended (the run was given up or requeued)."""
     if not run_ids:
@@ -105,15 +128,18 @@ def _cancel_slurm_job(rt: Runtime, run_id: int, handle: LaunchHandle) -> None:
 
 
 def reap_once(rt: Runtime, celery: Celery | None = None) -> dict[str, list[int]]:
-    """One pass: recover finished run dirs, reap expired leases, (re)publish undispatched queued runs."""
+    """One pass: recover finished run dirs, requeue runs with a Slurm job to re-attach, reap expired leases,
+    (re)publish undispatched queued runs."""
     recovered = recover_finished_runs(rt)
+    detached = requeue_detached_runs(rt)
     max_attempts = rt.settings.max_infra_retries + 1
     requeued, failed = with_db(rt, lambda s: db_runs.reap_expired(s, max_attempts=max_attempts), "reap leases")
     _end_leftovers(rt, requeued + failed)
     published: list[int] = []
     if celery is not None:  # requeued runs have dispatched_at NULL, like runs whose first publish failed
         published = dispatch_pending(rt.session_factory, celery).published
-    return {"recovered": recovered, "requeued": requeued, "failed": failed, "published": published}
+    return {"recovered": recovered, "reattach": detached, "requeued": requeued, "failed": failed,
+            "published": published}
 
 
 def main(argv: list[str] | None = None) -> None:
