@@ -65,6 +65,16 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     for code in (401, 404, 409, 422)
 }
 
+
+T = typing.TypeVar("T")
+
+
+def found(obj: T | None, what: str, ident: int) -> T:
+    """`obj`, or a 404 problem saying which `what` does not exist (the one home of that answer)."""
+    if obj is None:
+        raise ProblemError(404, f"{what} {ident} does not exist")
+    return obj
+
 # ------------------------------------------------------------------------------ validation error mapping
 
 _EXPECTED_RE = re.compile(r"'([^']*)'")

@@ -23,7 +23,7 @@ from api import etag
 from api.compare import CompareExperiment, CompareRead, compare
 from api.deps import ReadAuth, SessionDep
 from api.plots import render_scaling_png
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.clusters import Cluster
 from core.scaling import ScalingReport, build_report, to_csv
 from db import analysis as aq
@@ -75,10 +75,7 @@ def _cache(request: Request) -> _AnswerCache:
 
 
 def _experiment_or_404(session: Session, experiment_id: int) -> Experiment:
-    exp = session.get(Experiment, experiment_id)
-    if exp is None:
-        raise ProblemError(404, f"experiment {experiment_id} does not exist")
-    return exp
+    return found(session.get(Experiment, experiment_id), "experiment", experiment_id)
 
 
 def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[str]) -> dict[str, int]:

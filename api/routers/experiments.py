@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from api import etag
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from api.schemas import (CancelRead, ExperimentCreated, ExperimentPage, ExperimentRead, ExperimentStatusName,
                          RunBrief, decode_cursor, encode_cursor, experiment_brief, experiment_read, skipped_read)
 from core.clusters import Cluster
@@ -166,10 +166,7 @@ def list_experiments(
 
 
 def _get_or_404(session: Session, experiment_id: int) -> Experiment:
-    exp = q.get_experiment(session, experiment_id)
-    if exp is None:
-        raise ProblemError(404, f"experiment {experiment_id} does not exist")
-    return exp
+    return found(q.get_experiment(session, experiment_id), "experiment", experiment_id)
 
 
 @router.get("/{experiment_id}", response_model=ExperimentRead, responses=PROBLEM_RESPONSES,
@@ -180,10 +177,8 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: Read
     if unchanged:
         return unchanged
     response.headers.update(headers)
-    found = q.experiment_with_status(session, experiment_id)  # experiment + run counts: one round trip
-    if found is None:
-        raise ProblemError(404, f"experiment {experiment_id} does not exist")
-    return experiment_read(*found)
+    # experiment + run counts: one round trip
+    return experiment_read(*found(q.experiment_with_status(session, experiment_id), "experiment", experiment_id))
 
 
 @router.post("/{experiment_id}/cancel", response_model=CancelRead, responses=PROBLEM_RESPONSES,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from api.deps import ReadAuth, SessionDep, WriteAuth
 from api.nightly_schemas import (MetricName, RegressionDetail, RegressionHistory, RegressionPage, RegressionRead,
                                  RegressionStatus)
-from api.problems import PROBLEM_RESPONSES, ProblemError
+from api.problems import PROBLEM_RESPONSES, found
 from api.schemas import decode_cursor, encode_cursor
 from core.regression import DEFAULT_METRICS, OPEN_STATES
 from db import regression_queries as q
@@ -30,10 +30,7 @@ def regression_read(row: Regression, detail: bool = False) -> dict[str, Any]:
 
 
 def _get_or_404(session: Session, regression_id: int) -> Regression:
-    row = q.get_regression(session, regression_id)
-    if row is None:
-        raise ProblemError(404, f"regression {regression_id} does not exist")
-    return row
+    return found(q.get_regression(session, regression_id), "regression", regression_id)
 
 
 @router.get("", response_model=RegressionPage, responses=PROBLEM_RESPONSES,

@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse
 
 from api import etag
 from api.deps import ReadAuth, SessionDep
-from api.problems import PROBLEM_RESPONSES, ProblemError
+from api.problems import PROBLEM_RESPONSES, ProblemError, found
 from api.schemas import (RunDetail, RunPage, RunStatus, decode_cursor, encode_cursor, run_read, step_dict,
                          summary_dict)
 from db import experiments as eq
@@ -35,18 +35,14 @@ def list_runs(
     if unchanged:
         return unchanged
     response.headers.update(headers)
-    if eq.get_experiment(session, experiment_id) is None:
-        raise ProblemError(404, f"experiment {experiment_id} does not exist")
+    found(eq.get_experiment(session, experiment_id), "experiment", experiment_id)
     rows = eq.list_runs(session, experiment_id, limit=limit, after_id=decode_cursor(cursor), status=status)
     page, more = rows[:limit], len(rows) > limit
     return RunPage(items=[run_read(r) for r in page], next_cursor=encode_cursor(page[-1].id) if more else None)
 
 
 def _run_or_404(session, run_id: int) -> Run:  # noqa: ANN001
-    run = rq.get_run(session, run_id)
-    if run is None:
-        raise ProblemError(404, f"run {run_id} does not exist")
-    return run
+    return found(rq.get_run(session, run_id), "run", run_id)
 
 
 @router.get("/runs/{run_id}", response_model=RunDetail, responses=PROBLEM_RESPONSES,

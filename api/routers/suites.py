@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
 from api.nightly_schemas import SuiteCreate, SuiteRead, SuiteUpdate, TriggerRead
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.matrix import MatrixError
 from db import suites as q
 from db.models import utcnow
@@ -35,10 +35,7 @@ def suite_read(suite: Suite) -> dict[str, Any]:
 
 
 def _get_or_404(session: Session, suite_id: int) -> Suite:
-    suite = q.get_suite(session, suite_id)
-    if suite is None:
-        raise ProblemError(404, f"suite {suite_id} does not exist")
-    return suite
+    return found(q.get_suite(session, suite_id), "suite", suite_id)
 
 
 @router.post("", status_code=201, response_model=SuiteRead, responses=PROBLEM_RESPONSES,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from api.deps import ReadAuth, SessionDep, WriteAuth
 from api.nightly_schemas import DeliveryRead, WebhookCreate, WebhookCreated, WebhookRead
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from db import webhooks as q
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
@@ -36,6 +36,5 @@ def list_webhooks(session: SessionDep, _auth: ReadAuth) -> Any:
             summary="Delivery log of a webhook, newest first (every attempt with its status code or error)")
 def list_deliveries(webhook_id: WebhookId, session: SessionDep, _auth: ReadAuth,
                     limit: Annotated[int, Query(ge=1, le=500)] = 100) -> Any:
-    if q.get_webhook(session, webhook_id) is None:
-        raise ProblemError(404, f"webhook {webhook_id} does not exist")
+    found(q.get_webhook(session, webhook_id), "webhook", webhook_id)
     return q.list_deliveries(session, webhook_id, limit)
