@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         # A note for rank 0 (its own error may only say that a peer went away), then the result itself
         # if rank 0 has not written one: torchrun may kill rank 0 before it can.
         rank_file(args.out, rank).write_text(result.error.model_dump_json())
-        write_result(args.out, result, only_if_absent=True)
+        # Named like rank 0's root-cause report, so the message says which rank failed either way.
+        named = result.error.model_copy(update={"message": f"rank {rank}: {result.error.message}"[:20000]})
+        write_result(args.out, result.model_copy(update={"error": named}), only_if_absent=True)
     if result.status == "failed":
         log.error("failed: %s: %s", result.error.kind, result.error.message.splitlines()[0])
         logging.shutdown()
