@@ -27,6 +27,7 @@ from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.clusters import Cluster
 from core.scaling import ScalingReport, build_report, to_csv
 from db import analysis as aq
+from db.analysis import LossCurve
 from db.models import Experiment
 
 router = APIRouter(tags=["analysis"])
@@ -74,8 +75,13 @@ def _cache(request: Request) -> _AnswerCache:
     return cache
 
 
-def _experiment_or_404(session: Session, experiment_id: int) -> Experiment:
-    return found(session.get(Experiment, experiment_id), "experiment", experiment_id)
+def _fresh(request: Request, session: Session, experiment_id: int) -> tuple[dict, Response | None, Experiment | None]:
+    """(ETag headers, a 304 when the client's copy is current, else the experiment or a 404 problem).
+    The ETag is checked first: a poll of an unchanged experiment costs one small query."""
+    headers, unchanged = etag.check(request, session, [experiment_id])
+    if unchanged:
+        return headers, unchanged, None
+    return headers, None, found(session.get(Experiment, experiment_id), "experiment", experiment_id)
 
 
 def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[str]) -> dict[str, int]:
@@ -101,10 +107,9 @@ def get_scaling(
     baseline_num_devices: Baseline = None, full_size: FullSize = None,
     format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
 ) -> Any:
-    headers, unchanged = etag.check(request, session, [experiment_id])
+    headers, unchanged, _ = _fresh(request, session, experiment_id)
     if unchanged:
         return unchanged
-    _experiment_or_404(session, experiment_id)
 
     def build() -> tuple[str, bytes]:
         report = _report(session, experiment_id, request.app.state.clusters, baseline_num_devices, full_size)
@@ -121,10 +126,9 @@ def get_scaling(
             responses={**PROBLEM_RESPONSES, **NOT_MODIFIED, 200: {"content": {"image/png": {}}}},
             summary="Scaling curves as a PNG: throughput with the ideal line, efficiency, fp8 speedup")
 def get_scaling_png(experiment_id: ExperimentId, request: Request, session: SessionDep, _auth: ReadAuth, baseline_num_devices: Baseline = None, full_size: FullSize = None) -> Response:
-    headers, unchanged = etag.check(request, session, [experiment_id])
+    headers, unchanged, exp = _fresh(request, session, experiment_id)
     if unchanged:
         return unchanged
-    exp = _experiment_or_404(session, experiment_id)
 
     def build() -> tuple[str, bytes]:
         report = _report(session, experiment_id, request.app.state.clusters, baseline_num_devices, full_size)
@@ -133,22 +137,10 @@ def get_scaling_png(experiment_id: ExperimentId, request: Request, session: Sess
     return _cache(request).answer(headers, build)
 
 
-class LossCurveRead(BaseModel):
-    run_id: int
-    cluster: str
-    precision: str
-    layout: str
-    num_devices: int
-    repeat: int
-    num_steps: int = Field(description="Steps with a loss before thinning.")
-    steps: list[int]
-    losses: list[float]
-
-
 class LossesRead(BaseModel):
     experiment_id: int
     max_points: int = Field(description="Each curve holds at most this many points (first and last kept).")
-    curves: list[LossCurveRead]
+    curves: list[LossCurve] = Field(description="One curve per succeeded run: steps and losses, thinned.")
 
 
 @router.get("/experiments/{experiment_id}/losses", response_model=LossesRead,
@@ -159,15 +151,14 @@ def get_losses(
     num_devices: Annotated[int | None, Query(ge=1, le=65536, description="Only curves at this N.")] = None,
     max_points: Annotated[int, Query(ge=2, le=2000, description="Points per curve at most.")] = 200,
 ) -> Any:
-    headers, unchanged = etag.check(request, session, [experiment_id])
+    headers, unchanged, _ = _fresh(request, session, experiment_id)
     if unchanged:
         return unchanged
-    _experiment_or_404(session, experiment_id)
 
     def build() -> tuple[str, bytes]:
         curves = aq.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
         body = LossesRead(experiment_id=experiment_id, max_points=max_points,
-                          curves=[LossCurveRead(**c.__dict__) for c in curves])
+                          curves=curves)
         return "application/json", body.model_dump_json().encode()
 
     return _cache(request).answer(headers, build)
