@@ -31,7 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.hardware import peak_tflops  # noqa: E402
-from core.models import get_shape  # noqa: E402
+from core.shapes import get_shape  # noqa: E402
 from core.specs import RunSpec, resolve_layout  # noqa: E402
 
 log = logging.getLogger("bench")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.clusters import Cluster
-from core.models import get_shape
+from core.shapes import get_shape
 from core.specs import FP8_PRECISIONS, ExperimentSpec, ParallelDegrees, RunSpec, resolve_layout
 
 

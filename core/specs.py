@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.models import MODEL_NAMES
+from core.shapes import MODEL_NAMES
 
 SCHEMA_VERSION = 1
 

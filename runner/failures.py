@@ -14,7 +14,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from core.models import get_shape
+from core.shapes import get_shape
 from core.specs import Numerics, RunError, RunResult, RunSpec
 
 log = logging.getLogger(__name__)

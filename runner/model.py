@@ -1,6 +1,6 @@
-"""A plain PyTorch Llama-3 (RMSNorm, RoPE theta 500000, GQA, SwiGLU, causal SDPA) built from core.models.
+"""A plain PyTorch Llama-3 (RMSNorm, RoPE theta 500000, GQA, SwiGLU, causal SDPA) built from core.shapes.
 
-Shapes come from `core.models.ModelShape`. Attention and feed-forward infer their local head count from
+Shapes come from `core.shapes.ModelShape`. Attention and feed-forward infer their local head count from
 the projected tensor's width, so the same code runs unsharded and under tensor parallelism (where wq/wk/wv
 hold num_heads / tp heads per rank). Build on the meta device, then `to_empty` and `init_weights`.
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.models import ModelShape
+from core.shapes import ModelShape
 
 
 class RMSNorm(nn.Module):

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from core.models import get_shape
+from core.shapes import get_shape
 from core.specs import Numerics, RunResult, RunSpec
 from runner import failures
 from runner.data import make_batches

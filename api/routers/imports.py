@@ -16,7 +16,7 @@ from api.schemas import ExperimentRead, RunBrief, experiment_read
 from core.clusters import Cluster
 from core.hardware import peak_tflops
 from core.matrix import MatrixError, expand
-from core.models import get_shape
+from core.shapes import get_shape
 from core.specs import (Environment, ExperimentSpec, ModelName, Numerics, Precision, RunResult, RunSpec,
                         ScalingMode, StepRecord, Summary, check_layout)
 from db import experiments as q

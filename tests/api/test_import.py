@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.models import get_shape
+from core.shapes import get_shape
 
 TORCHTITAN_TPS_PER_GPU = {  # (technique, N) -> (TPS/GPU, memory GiB)
     ("eager", 8): (5762, 82.4), ("eager", 128): (5605, 67.0),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.models import get_shape
+from core.shapes import get_shape
 from runner.data import Batches, MemmapTokens, SyntheticTokens
 from runner.env import DeviceInfo, device_info_from, expected_fp8_dtypes, peaks_for
 from runner.failures import InvalidConfig, classify, validate

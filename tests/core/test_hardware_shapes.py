@@ -3,7 +3,7 @@
 import pytest
 
 from core.hardware import find_peak, fp8_dtype_names, peak_tflops
-from core.models import SHAPES, get_shape
+from core.shapes import SHAPES, get_shape
 
 
 @pytest.mark.parametrize("name,arch,bf16,fp8", [
