@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch lies on disk; installing it first keeps pip from pulling a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[runner,dev]'
+	$(BIN)/pip install -q -e '.[cli,runner,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -26,6 +26,9 @@ services:
 testdb: venv services
 	bash scripts/fresh-test-db.sh "$(TEST_DB)"
 
+lint: venv
+	$(BIN)/ruff check .
+
 test: venv services testdb
 	bash scripts/test-deps.sh
 	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
@@ -34,7 +37,7 @@ test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 demo: venv
-	$(BIN)/python -m api.demo
+	$(BIN)/python -m cli.demo
 
 clean:
 	rm -rf .scalebench demo-out artifacts

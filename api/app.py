@@ -1,26 +1,36 @@
-"""The FastAPI app factory. Nothing is created at import: engine, sessions, Celery app, clusters and the
-background dispatcher live in the lifespan.
+"""The FastAPI app factory. Nothing is created at import: engine, sessions, the Celery publisher and the
+clusters live in the lifespan. Runs a down broker left unpublished are re-published by the scheduler
+(worker.scheduler), not by the API.
 
 Run it: `uvicorn api.app:create_app --factory`. Routers: add one line to ROUTERS.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI
 
-from api.dispatcher import dispatcher_loop
 from api.problems import install_problem_handlers
-from api.routers import analysis, clusters, dashboard, experiments, health, imports, runs
-from api.routers import metrics, regressions, suites, webhooks
+from api.routers import (
+    analysis,
+    clusters,
+    dashboard,
+    experiments,
+    health,
+    imports,
+    metrics,
+    regressions,
+    runs,
+    suites,
+    webhooks,
+)
 from core.clusters import load_clusters
 from core.settings import Settings
 from db.session import make_engine, make_session_factory
-from worker.celery_app import make_celery
+from worker.queue import make_celery
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +58,8 @@ Writes need `Authorization: Bearer <token>` (`scalebench token create`). Errors 
 """
 
 
-def create_app(settings: Settings | None = None, *, dispatch_interval_s: float | None = 3.0) -> FastAPI:
-    """The API for `settings` (default: from the environment). dispatch_interval_s=None: no dispatcher."""
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The API for `settings` (default: from the environment)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,17 +71,9 @@ def create_app(settings: Settings | None = None, *, dispatch_interval_s: float |
         app.state.read_session_factory = make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))
         app.state.celery = make_celery(s)
         app.state.clusters = load_clusters(s.clusters_file)
-        task = None
-        if dispatch_interval_s:
-            task = asyncio.create_task(dispatcher_loop(app.state.session_factory, app.state.celery,
-                                                       dispatch_interval_s))
         try:
             yield
         finally:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
             engine.dispose()
 
     app = FastAPI(title="scalebench", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)

@@ -19,7 +19,6 @@ from core.settings import Settings
 from db.models import ApiToken
 from db.tokens import verify_token
 
-
 # Dependencies that do no I/O are `async def`: FastAPI runs sync ones in the thread pool, one hop each.
 
 

@@ -16,7 +16,6 @@ from matplotlib.transforms import blended_transform_factory
 
 from core.scaling import ScalingReport, Series
 
-
 PRECISION_COLORS = {"bf16": "#1f77b4", "fp8-tensorwise": "#ff7f0e", "fp8-rowwise": "#2ca02c",
                     "fp8-rowwise-gw-hp": "#9467bd", "fp32": "#7f7f7f"}
 LAYOUT_STYLES = ("-", "--", "-.", ":")

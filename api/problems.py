@@ -27,7 +27,9 @@ TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not F
 
 
 class FieldError(BaseModel):
-    field: str = Field(description="Path of the failing field, e.g. `gpu_counts[0]`, `query.limit`, `header.Authorization`.")
+    field: str = Field(
+        description="Path of the failing field, e.g. `gpu_counts[0]`, `query.limit`, `header.Authorization`."
+    )
     message: str
     allowed: list[Any] | None = Field(None, description="Allowed values, when the set is finite.")
 
@@ -46,17 +48,30 @@ class Problem(BaseModel):
 class ProblemError(Exception):
     """A domain error the API turns into a problem response."""
 
-    def __init__(self, status: int, detail: str, errors: list[FieldError] | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any):
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        errors: list[FieldError] | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ):
         super().__init__(detail)
         self.status, self.detail, self.errors = status, detail, errors or []
         self.headers, self.extra = headers, extra
 
 
-def problem_response(request: Request, status: int, detail: str | None, errors: list[FieldError] | None = None,
-                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
-    body = Problem(title=TITLES.get(status, "Error"), status=status, detail=detail,
-                   instance=request.url.path, errors=errors or []).model_dump(mode="json")
+def problem_response(
+    request: Request,
+    status: int,
+    detail: str | None,
+    errors: list[FieldError] | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    body = Problem(
+        title=TITLES.get(status, "Error"), status=status, detail=detail, instance=request.url.path, errors=errors or []
+    ).model_dump(mode="json")
     return JSONResponse(body | extra, status_code=status, headers=headers, media_type=PROBLEM_TYPE)
 
 
@@ -74,6 +89,7 @@ def found(obj: T | None, what: str, ident: int) -> T:
     if obj is None:
         raise ProblemError(404, f"{what} {ident} does not exist")
     return obj
+
 
 # ------------------------------------------------------------------------------ validation error mapping
 
@@ -141,8 +157,14 @@ def _message(err: dict[str, Any]) -> str:
 def validation_errors(errors: list[dict[str, Any]], body_model: Any = None) -> list[FieldError]:
     """Pydantic errors as FieldErrors; `body_model` (the route's body type) names the fields an unknown one
     could have been."""
-    return [FieldError(field="body" if e.get("type") == "json_invalid" else _field_path(tuple(e.get("loc", ()))),
-                       message=_message(e), allowed=_allowed(e, body_model)) for e in errors]
+    return [
+        FieldError(
+            field="body" if e.get("type") == "json_invalid" else _field_path(tuple(e.get("loc", ()))),
+            message=_message(e),
+            allowed=_allowed(e, body_model),
+        )
+        for e in errors
+    ]
 
 
 # ------------------------------------------------------------------------------------------- handlers

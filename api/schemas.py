@@ -50,6 +50,8 @@ class RunRead(RunBrief):
     error_kind: str | None
     error_message: str | None
     slurm_job_id: str | None
+    tokens_per_sec_per_device: float | None = Field(None, description="From the run's summary, once recorded.")
+    step_ms_median: float | None = Field(None, description="From the run's summary, once recorded.")
 
 
 class RunError(BaseModel):
@@ -170,11 +172,15 @@ def skipped_read(points: list[SkippedPoint]) -> list[SkippedPointRead]:
             for p in points]
 
 
-_RUN_FIELDS = tuple(RunRead.model_fields)
+_RUN_FIELDS = tuple(f for f in RunRead.model_fields if f not in ("tokens_per_sec_per_device", "step_ms_median"))
 
 
-def run_read(run: Run) -> RunRead:
-    return RunRead.model_validate({f: getattr(run, f) for f in _RUN_FIELDS})
+def run_read(run: Run, figures: tuple[float, float] | None = None) -> RunRead:
+    """The run's row; `figures` (tokens/s per device, median step ms) from db.experiments.run_figures."""
+    values = {f: getattr(run, f) for f in _RUN_FIELDS}
+    if figures is not None:
+        values["tokens_per_sec_per_device"], values["step_ms_median"] = figures
+    return RunRead.model_validate(values)
 
 
 def summary_dict(summary: RunSummary | None) -> dict[str, Any] | None:

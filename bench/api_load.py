@@ -30,8 +30,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import fresh_database, free_port, start_uvicorn, versions  # noqa: E402
-
+from bench.common import free_port, fresh_database, start_uvicorn, versions  # noqa: E402
 from db.session import make_engine, make_session_factory, session_scope  # noqa: E402
 from db.tokens import create_token  # noqa: E402
 
@@ -179,7 +178,8 @@ def main() -> None:
     try:
         print(f"{platform.node()}: {os.cpu_count()} cores; {versions()}; uvicorn workers {args.workers}; "
               f"load average before {os.getloadavg()[0]:.1f}")
-        print("| phase | requests | errors | req/s | p50 ms | p99 ms | max ms | load 1m |\n|---|---|---|---|---|---|---|---|")
+        print("| phase | requests | errors | req/s | p50 ms | p99 ms | max ms | load 1m |\n"
+              "|---|---|---|---|---|---|---|---|")
         post, exp_id = asyncio.run(post_phase(base, token, args.posts))
         expected = (args.posts + 3) * 64
         queued = r.llen("h200")
@@ -188,8 +188,10 @@ def main() -> None:
         unpaced = asyncio.run(poll_phase(base, exp_id, args.pollers, None, args.duration_s / 2))
         print(f"redis queue 'h200' held {queued} messages after the POSTs (expected {expected})")
         ok = post["p99_ms"] < 150 and paced["p99_ms"] < 50 and paced["req_per_s"] >= 0.95 * args.rate
-        print(f"targets (POST p99 < 150 ms, GET p99 < 50 ms at {args.rate:.0f} req/s): {'met' if ok else 'MISSED'}; "
-              f"unpaced capacity {unpaced['req_per_s']:.0f} req/s")
+        print(
+            f"targets (POST p99 < 150 ms, GET p99 < 50 ms at {args.rate:.0f} req/s): {'met' if ok else 'MISSED'}; "
+            f"unpaced capacity {unpaced['req_per_s']:.0f} req/s"
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -126,7 +126,7 @@ def reference_run(shape, precision, seq_len, steps, warmup, device, compile_bloc
     batches = [torch.randint(0, shape.vocab_size, (1, seq_len + 1), generator=gen).to(device) for _ in range(4)]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times, losses, t_prev = [], [], None
+    times, losses = [], []
     for step in range(steps):
         batch = batches[step % 4]
         start = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
@@ -218,7 +218,8 @@ def main() -> int:
     if args.smoke:
         model, layers, seq, steps, warmup, loss_layers, loss_steps = "debug", 2, 64, 4, 1, 2, 10
     else:
-        model, layers, seq, steps, warmup, loss_layers, loss_steps = "8b", 16, 8192, args.steps, args.warmup, 4, args.loss_steps
+        model, layers, seq, steps, warmup = "8b", 16, 8192, args.steps, args.warmup
+        loss_layers, loss_steps = 4, args.loss_steps
     shape = get_shape(model, layers)
     recipes = args.recipes.split(",")
     devname = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
@@ -234,16 +235,31 @@ def main() -> int:
     def time_left():
         return args.budget_s - (time.monotonic() - t_start)
 
-    log.info("device %s, torch %s, shape %s layers %d, seq %d, compile %s", devname, torch.__version__, model,
-             layers, seq, compile_blocks)
+    log.info(
+        "device %s, torch %s, shape %s layers %d, seq %d, compile %s",
+        devname,
+        torch.__version__,
+        model,
+        layers,
+        seq,
+        compile_blocks,
+    )
     if "throughput" in args.parts:
         for recipe in recipes:
             if time_left() < 60:
                 log.warning("budget: skipping throughput of %s", recipe)
                 continue
-            spec = runner_spec(recipe, num_layers=layers, seq_len=seq, steps=steps, warmup=warmup,
-                               compile_blocks=compile_blocks, device_type=device.type, model=model,
-                               lr_warmup=warmup)  # no loss spikes from a cold start at full LR
+            spec = runner_spec(
+                recipe,
+                num_layers=layers,
+                seq_len=seq,
+                steps=steps,
+                warmup=warmup,
+                compile_blocks=compile_blocks,
+                device_type=device.type,
+                model=model,
+                lr_warmup=warmup,
+            )  # no loss spikes from a cold start at full LR
             try:
                 rows[recipe]["ours"] = ours_run(spec)
                 record("ours", recipe, rows[recipe]["ours"])
@@ -263,16 +279,24 @@ def main() -> int:
             if time_left() < 45:
                 log.warning("budget: skipping loss check of %s", recipe)
                 continue
-            spec = runner_spec(recipe, num_layers=loss_layers, seq_len=seq, steps=loss_steps, warmup=warmup,
-                               compile_blocks=compile_blocks, device_type=device.type, lr_warmup=loss_steps // 10,
-                               model=model)
+            spec = runner_spec(
+                recipe,
+                num_layers=loss_layers,
+                seq_len=seq,
+                steps=loss_steps,
+                warmup=warmup,
+                compile_blocks=compile_blocks,
+                device_type=device.type,
+                lr_warmup=loss_steps // 10,
+                model=model,
+            )
             try:
                 res = ours_run(spec)
                 tail = res["losses"][-50:]
                 rows[recipe]["loss_mean_last50"] = sum(tail) / len(tail)
                 rows[recipe]["loss_first"] = res["losses"][0]
                 record("loss", recipe, {"losses": res["losses"], "mean_last50": rows[recipe]["loss_mean_last50"]})
-            except Exception as exc:  # noqa: BLE001
+            except Exception:  # noqa: BLE001
                 log.exception("loss %s failed", recipe)
             free()
     jl.close()
@@ -291,10 +315,12 @@ def print_table(rows, devname, shape, seq, elapsed_s):
     bf16_tps = base.get("ours", {}).get("tokens_per_sec")
     bf16_mem = base.get("ours", {}).get("peak_gib")
     bf16_loss = base.get("loss_mean_last50")
-    lines = [f"\n== gpu_runner: {devname}, {shape.name} x{shape.num_layers} layers, {seq} tok/step, "
-             f"{fpt / 1e9:.1f} GFLOP/token, {elapsed_s:.0f} s ==",
-             f"{'recipe':<18} {'ours tok/s':>10} {'ref tok/s':>10} {'ours/ref':>8} {'MFU ours':>8} {'MFU ref':>8} "
-             f"{'MFU own':>8} {'vs bf16':>8} {'mem ours':>9} {'mem ref':>8} {'loss50':>8} {'gap':>7}"]
+    lines = [
+        f"\n== gpu_runner: {devname}, {shape.name} x{shape.num_layers} layers, {seq} tok/step, "
+        f"{fpt / 1e9:.1f} GFLOP/token, {elapsed_s:.0f} s ==",
+        f"{'recipe':<18} {'ours tok/s':>10} {'ref tok/s':>10} {'ours/ref':>8} {'MFU ours':>8} {'MFU ref':>8} "
+        f"{'MFU own':>8} {'vs bf16':>8} {'mem ours':>9} {'mem ref':>8} {'loss50':>8} {'gap':>7}",
+    ]
     for recipe, r in rows.items():
         o, f = r.get("ours", {}), r.get("ref", {})
         ratio = o["tokens_per_sec"] / f["tokens_per_sec"] if o and f else None
@@ -302,17 +328,21 @@ def print_table(rows, devname, shape, seq, elapsed_s):
         speed = o["tokens_per_sec"] / bf16_tps if o and bf16_tps else None
         loss = r.get("loss_mean_last50")
         gap = (loss - bf16_loss) / bf16_loss if loss is not None and bf16_loss else None
-        lines.append(f"{recipe:<18} {fmt(o.get('tokens_per_sec')):>10} {fmt(f.get('tokens_per_sec')):>10} "
-                     f"{fmt(ratio, '{:.3f}'):>8} {fmt(o.get('mfu'), '{:.1%}'):>8} {fmt(mfu_ref, '{:.1%}'):>8} "
-                     f"{fmt(o.get('mfu_own'), '{:.1%}'):>8} {fmt(speed, '{:.3f}'):>8} "
-                     f"{fmt(o.get('peak_gib'), '{:.1f}'):>9} {fmt(f.get('peak_gib'), '{:.1f}'):>8} "
-                     f"{fmt(loss, '{:.4f}'):>8} {fmt(gap, '{:+.2%}'):>7}")
+        lines.append(
+            f"{recipe:<18} {fmt(o.get('tokens_per_sec')):>10} {fmt(f.get('tokens_per_sec')):>10} "
+            f"{fmt(ratio, '{:.3f}'):>8} {fmt(o.get('mfu'), '{:.1%}'):>8} {fmt(mfu_ref, '{:.1%}'):>8} "
+            f"{fmt(o.get('mfu_own'), '{:.1%}'):>8} {fmt(speed, '{:.3f}'):>8} "
+            f"{fmt(o.get('peak_gib'), '{:.1f}'):>9} {fmt(f.get('peak_gib'), '{:.1f}'):>8} "
+            f"{fmt(loss, '{:.4f}'):>8} {fmt(gap, '{:+.2%}'):>7}"
+        )
         for k in ("ours_error", "ref_error"):
             if k in r:
                 lines.append(f"   {k}: {r[k]}")
     if bf16_mem is not None:
-        lines.append(f"targets: ours/ref >= 1.0; bf16 MFU >= 54%; fp8-tensorwise >= 1.16x bf16; "
-                     f"fp8 mem <= bf16 ({bf16_mem:.1f} GiB); |loss gap| <= 2%")
+        lines.append(
+            f"targets: ours/ref >= 1.0; bf16 MFU >= 54%; fp8-tensorwise >= 1.16x bf16; "
+            f"fp8 mem <= bf16 ({bf16_mem:.1f} GiB); |loss gap| <= 2%"
+        )
     print("\n".join(lines), flush=True)
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/queue_overhead.py [--runs 20] [--db scalebench_queue_overhead] [--redis redis://127.0.0.1:6379/9]
 
-Starts the real stack (api.up.Stack: `alembic upgrade head`, uvicorn, one `celery worker --pool solo`,
+Starts the real stack (cli.stack.Stack: `alembic upgrade head`, uvicorn, one `celery worker --pool solo`,
 the scheduler) on a fresh Postgres database and a flushed Redis db, then submits one tiny CPU run at a time
 (the queue is empty: what is measured is overhead, not backlog). Per run, all on this host's clock:
 
@@ -34,8 +34,8 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from api.up import Stack  # noqa: E402
-from worker import procs  # noqa: E402
+from cli.stack import Stack  # noqa: E402
+from core import procs  # noqa: E402
 
 SPEC = {"name": "queue overhead", "model": "debug", "cluster": "local-cpu", "gpu_counts": [1], "precisions": ["bf16"],
         "seq_len": 32, "local_batch_size": 1, "steps": 3, "warmup_steps": 1, "timeout_s": 300}

@@ -41,8 +41,7 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import fresh_database, free_port, start_uvicorn, versions  # noqa: E402
-
+from bench.common import free_port, fresh_database, start_uvicorn, versions  # noqa: E402
 from core.clusters import Cluster  # noqa: E402
 from core.matrix import expand  # noqa: E402
 from core.specs import ExperimentSpec  # noqa: E402
@@ -89,25 +88,45 @@ def seed(url: str) -> int:
             per_device = 17_600 * SPEEDUP[r.precision] * (0.97 ** (n.bit_length() - 4)) * rng.uniform(0.98, 1.02)
             tps = per_device * n
             final = 3.0 + rng.uniform(-0.02, 0.02)
-            updates.append({"id": run_id, "status": "failed" if failed else "succeeded", "error_kind": "oom" if failed else None,
-                            "error_message": "CUDA out of memory" if failed else None,
-                            "result": None if failed else {"numerics": {"final_loss": final}}})
+            updates.append(
+                {
+                    "id": run_id,
+                    "status": "failed" if failed else "succeeded",
+                    "error_kind": "oom" if failed else None,
+                    "error_message": "CUDA out of memory" if failed else None,
+                    "result": None if failed else {"numerics": {"final_loss": final}},
+                }
+            )
             if not failed:
                 step_ms = r.tokens_per_step / tps * 1000
-                summaries.append(dict(run_id=run_id, num_timed_steps=95, tokens_per_step=r.tokens_per_step,
-                                      tokens_per_sec=tps, tokens_per_sec_per_device=per_device,
-                                      step_ms_median=step_ms, step_ms_min=step_ms * 0.99, step_ms_max=step_ms * 1.01,
-                                      flops_per_token=10**10, tflops_per_device=400.0, mfu_vs_bf16_peak=0.4,
-                                      peak_memory_allocated_gib=60.0))
+                summaries.append(
+                    dict(
+                        run_id=run_id,
+                        num_timed_steps=95,
+                        tokens_per_step=r.tokens_per_step,
+                        tokens_per_sec=tps,
+                        tokens_per_sec_per_device=per_device,
+                        step_ms_median=step_ms,
+                        step_ms_min=step_ms * 0.99,
+                        step_ms_max=step_ms * 1.01,
+                        flops_per_token=10**10,
+                        tflops_per_device=400.0,
+                        mfu_vs_bf16_peak=0.4,
+                        peak_memory_allocated_gib=60.0,
+                    )
+                )
             for step in range(STEPS_PER_RUN):
-                loss = 10.0 * (0.97 ** step) + final
+                loss = 10.0 * (0.97**step) + final
                 copy_rows.write(f"{run_id}\t{step}\t{loss}\t{100.0}\t{r.tokens_per_step}\t{'t' if step < 5 else 'f'}\n")
         now = sa.func.now()
         s.execute(sa.update(Run), updates)
         s.execute(sa.update(Run).where(Run.experiment_id == exp.id).values(started_at=now, finished_at=now))
         s.execute(sa.insert(RunSummary), summaries)
         raw = s.connection().connection.dbapi_connection
-        with raw.cursor() as cur, cur.copy("COPY step_metrics (run_id, step, loss, step_ms, tokens, warmup) FROM STDIN") as cp:
+        with (
+            raw.cursor() as cur,
+            cur.copy("COPY step_metrics (run_id, step, loss, step_ms, tokens, warmup) FROM STDIN") as cp,
+        ):
             cp.write(copy_rows.getvalue())
         exp_id = exp.id
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -143,8 +162,12 @@ def _children(pid: int) -> list[int]:
 def _pg_backends(url: str) -> list[int]:
     engine = sa.create_engine(url)
     with engine.connect() as conn:
-        pids = list(conn.execute(sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"),
-                                 {"d": BENCH_DB}).scalars())
+        pids = list(
+            conn.execute(
+                sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"),
+                {"d": BENCH_DB},
+            ).scalars()
+        )
     engine.dispose()
     return pids
 
@@ -157,8 +180,11 @@ class CpuMeter:
 
     def mark(self) -> dict[str, float]:
         server = [self.server_pid, *_children(self.server_pid)]
-        return {"server": sum(_cpu_s(p) for p in server), "postgres": sum(_cpu_s(p) for p in _pg_backends(self.url)),
-                "client": time.process_time()}
+        return {
+            "server": sum(_cpu_s(p) for p in server),
+            "postgres": sum(_cpu_s(p) for p in _pg_backends(self.url)),
+            "client": time.process_time(),
+        }
 
 
 METER: CpuMeter | None = None
@@ -167,10 +193,20 @@ METER: CpuMeter | None = None
 def stats(name: str, latencies_s: list[float], wall_s: float, errors: int) -> dict:
     ms = sorted(x * 1000 for x in latencies_s)
     q = statistics.quantiles(ms, n=100, method="inclusive")
-    row = {"phase": name, "requests": len(ms), "errors": errors, "req_per_s": len(ms) / wall_s,
-           "p50_ms": q[49], "p99_ms": q[98], "max_ms": ms[-1]}
-    print(f"{name:<52} {row['requests']:>6} req {errors:>3} err {row['req_per_s']:>8.1f} req/s "
-          f"p50 {row['p50_ms']:>7.1f} ms  p99 {row['p99_ms']:>7.1f} ms  max {row['max_ms']:>7.1f} ms", flush=True)
+    row = {
+        "phase": name,
+        "requests": len(ms),
+        "errors": errors,
+        "req_per_s": len(ms) / wall_s,
+        "p50_ms": q[49],
+        "p99_ms": q[98],
+        "max_ms": ms[-1],
+    }
+    print(
+        f"{name:<52} {row['requests']:>6} req {errors:>3} err {row['req_per_s']:>8.1f} req/s "
+        f"p50 {row['p50_ms']:>7.1f} ms  p99 {row['p99_ms']:>7.1f} ms  max {row['max_ms']:>7.1f} ms",
+        flush=True,
+    )
     return row
 
 
@@ -178,9 +214,12 @@ def cpu_line(before: dict[str, float], after: dict[str, float], num_requests: in
     # max(0, ..): PostgreSQL backends that exit between the marks take their CPU with them
     per = {k: max(0.0, 1000 * (after[k] - before[k]) / max(num_requests, 1)) for k in before}
     service = per["server"] + per["postgres"]
-    print(f"{'':<52} CPU per request: server {per['server']:.2f} ms + postgres {per['postgres']:.2f} ms "
-          f"(client {per['client']:.2f} ms) -> 2 idle cores serve ~{2000 / service:.0f} req/s "
-          f"(~{2000 / (service + per['client']):.0f} with this client on the same cores)", flush=True)
+    print(
+        f"{'':<52} CPU per request: server {per['server']:.2f} ms + postgres {per['postgres']:.2f} ms "
+        f"(client {per['client']:.2f} ms) -> 2 idle cores serve ~{2000 / service:.0f} req/s "
+        f"(~{2000 / (service + per['client']):.0f} with this client on the same cores)",
+        flush=True,
+    )
 
 
 async def sequential(base: str, path: str, count: int, cold: bool) -> dict:
@@ -204,8 +243,9 @@ async def sequential(base: str, path: str, count: int, cold: bool) -> dict:
     return row
 
 
-async def concurrent(base: str, path: str, concurrency: int, duration_s: float, conditional: bool,
-                     cold: bool = False) -> dict:
+async def concurrent(
+    base: str, path: str, concurrency: int, duration_s: float, conditional: bool, cold: bool = False
+) -> dict:
     latencies: list[float] = []
     errors = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -261,8 +301,14 @@ async def raw_conditional(base: str, path: str, concurrency: int, duration_s: fl
             t = time.perf_counter()
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             if length:
                 await reader.readexactly(length)
             latencies.append(time.perf_counter() - t)
@@ -301,8 +347,10 @@ def main() -> None:
     global METER
     METER = CpuMeter(proc.pid, url)
     try:
-        print(f"{platform.node()}: {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.2f}; {versions()}; "
-              f"uvicorn workers {args.workers}")
+        print(
+            f"{platform.node()}: {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.2f}; {versions()}; "
+            f"uvicorn workers {args.workers}"
+        )
         size = len(httpx.get(base + scaling, timeout=60).content)
         print(f"scaling report: {size / 1024:.0f} KiB JSON")
         asyncio.run(sequential(base, scaling, args.sequential, cold=True))

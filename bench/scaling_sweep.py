@@ -308,7 +308,7 @@ def record(src: Path, png: Path | None, data_dir: Path) -> int:
         token, _ = create_token(session, "scaling-sweep")
     engine.dispose()
     bodies = sorted(src.glob("import-*.json"))
-    with TestClient(create_app(settings, dispatch_interval_s=None), headers={"Authorization": f"Bearer {token}"}) as c:
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {token}"}) as c:
         for i, path in enumerate(bodies):
             r = c.post("/experiments/import", json=json.loads(path.read_text()))
             assert r.status_code == 201, f"{path.name}: {r.status_code} {r.text[:2000]}"

@@ -34,7 +34,9 @@ class SlurmOptions(BaseModel):
         for arg in v:
             opt = arg.split("=", 1)[0]
             if opt not in SBATCH_ALLOWED_OPTIONS:
-                raise ValueError(f"slurm extra_args: {opt!r} is not allowed; allowed: {', '.join(SBATCH_ALLOWED_OPTIONS)}")
+                raise ValueError(
+                    f"slurm extra_args: {opt!r} is not allowed; allowed: {', '.join(SBATCH_ALLOWED_OPTIONS)}"
+                )
         return v
 
 
@@ -64,8 +66,15 @@ class Cluster(BaseModel):
         return self.queue or self.name
 
 
-LOCAL_CPU = Cluster(name="local-cpu", vendor="cpu", device_name="cpu (gloo ranks)", gpus_per_node=4,
-                    max_nodes=1, launcher="local", queue="local-cpu")
+LOCAL_CPU = Cluster(
+    name="local-cpu",
+    vendor="cpu",
+    device_name="cpu (gloo ranks)",
+    gpus_per_node=4,
+    max_nodes=1,
+    launcher="local",
+    queue="local-cpu",
+)
 
 
 def load_clusters(path: str | Path | None) -> dict[str, Cluster]:

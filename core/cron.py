@@ -130,7 +130,8 @@ def parse(expression: str) -> Cron:
     sets = [_field(p, name, lo, hi) for p, (name, lo, hi) in zip(parts, FIELDS)]
     dow = frozenset(d % 7 for d in sets[4])
     cron = Cron(expression=expr, minutes=sets[0], hours=sets[1], days_of_month=sets[2], months=sets[3],
-                days_of_week=dow, dom_restricted=not parts[2].startswith("*"), dow_restricted=not parts[4].startswith("*"))
+                days_of_week=dow, dom_restricted=not parts[2].startswith("*"),
+                dow_restricted=not parts[4].startswith("*"))
     cron.next_after(datetime(2000, 1, 1, tzinfo=UTC))  # '0 0 31 2 *' parses but never fires: refuse it
     return cron
 

@@ -50,12 +50,15 @@ def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degree
     if spec.fp8_all_gather and precision == "fp8-tensorwise" and degrees.dp_mode not in ("fsdp", "hsdp"):
         return "fp8_all_gather needs an fsdp or hsdp layout"
     if spec.scaling == "strong" and spec.global_batch_size and spec.global_batch_size % degrees.dp_degree:
-        return f"global_batch_size({spec.global_batch_size}) is not divisible by {degrees.dp_degree} data-parallel ranks"
+        return (
+            f"global_batch_size({spec.global_batch_size}) is not divisible by {degrees.dp_degree} data-parallel ranks"
+        )
     return _tp_reason(spec, degrees.tp)
 
 
-def _run_spec(spec: ExperimentSpec, cluster: Cluster, precision: str, layout: str,
-              degrees: ParallelDegrees, repeat: int) -> RunSpec:
+def _run_spec(
+    spec: ExperimentSpec, cluster: Cluster, precision: str, layout: str, degrees: ParallelDegrees, repeat: int
+) -> RunSpec:
     shape = get_shape(spec.model, spec.num_layers)
     if spec.scaling == "strong":
         assert spec.global_batch_size is not None
@@ -64,12 +67,28 @@ def _run_spec(spec: ExperimentSpec, cluster: Cluster, precision: str, layout: st
         local = spec.local_batch_size or 1
     fp8_ag = spec.fp8_all_gather and precision == "fp8-tensorwise"
     return RunSpec(
-        model=spec.model, num_layers=shape.num_layers, precision=precision, layout=layout, degrees=degrees,
-        scaling=spec.scaling, seq_len=spec.seq_len, local_batch_size=local, steps=spec.steps,
-        warmup_steps=spec.warmup_steps, compile=spec.compile, activation_checkpointing=spec.activation_checkpointing,
-        fp8_all_gather=fp8_ag, precompute_fp8_scales=fp8_ag and spec.precompute_fp8_scales, lr=spec.lr,
-        lr_warmup_steps=spec.lr_warmup_steps, seed=spec.seed, data_path=spec.data_path,
-        device_type=cluster.device_type, timeout_s=spec.timeout_s, cluster=cluster.name, repeat=repeat,
+        model=spec.model,
+        num_layers=shape.num_layers,
+        precision=precision,
+        layout=layout,
+        degrees=degrees,
+        scaling=spec.scaling,
+        seq_len=spec.seq_len,
+        local_batch_size=local,
+        steps=spec.steps,
+        warmup_steps=spec.warmup_steps,
+        compile=spec.compile,
+        activation_checkpointing=spec.activation_checkpointing,
+        fp8_all_gather=fp8_ag,
+        precompute_fp8_scales=fp8_ag and spec.precompute_fp8_scales,
+        lr=spec.lr,
+        lr_warmup_steps=spec.lr_warmup_steps,
+        seed=spec.seed,
+        data_path=spec.data_path,
+        device_type=cluster.device_type,
+        timeout_s=spec.timeout_s,
+        cluster=cluster.name,
+        repeat=repeat,
     )
 
 

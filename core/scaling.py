@@ -198,7 +198,8 @@ def _layout_fits(layout: str, num_devices: int) -> bool:
     return True
 
 
-def _points(runs: Sequence[RunPoint], all_counts: Sequence[int], noisy_spread: float) -> tuple[list[ScalingPoint], list[int]]:
+def _points(runs: Sequence[RunPoint], all_counts: Sequence[int],
+            noisy_spread: float) -> tuple[list[ScalingPoint], list[int]]:
     """Points of one series, with missing ones for counts measured elsewhere; also the counts the layout cannot use."""
     by_n: dict[int, list[RunPoint]] = {}
     for r in runs:
@@ -215,7 +216,9 @@ def _points(runs: Sequence[RunPoint], all_counts: Sequence[int], noisy_spread: f
     return points, impossible
 
 
-def _with_efficiency(points: list[ScalingPoint], baseline_n: int | None) -> tuple[list[ScalingPoint], int | None, list[str]]:
+def _with_efficiency(
+    points: list[ScalingPoint], baseline_n: int | None
+) -> tuple[list[ScalingPoint], int | None, list[str]]:
     """E(N) = X(N) / (X(N0) * N / N0). An asked-for N0 that this series did not measure gives no E, and says so."""
     measured = {p.num_devices: p.tokens_per_sec for p in points if p.tokens_per_sec}
     if not measured:
@@ -224,8 +227,10 @@ def _with_efficiency(points: list[ScalingPoint], baseline_n: int | None) -> tupl
     if n0 not in measured:
         return points, None, [f"no efficiency: baseline N0={n0} was not measured in this series"]
     x0 = measured[n0]
-    out = [p.model_copy(update={"efficiency": p.tokens_per_sec / (x0 * p.num_devices / n0)})
-           if p.tokens_per_sec else p for p in points]
+    out = [
+        p.model_copy(update={"efficiency": p.tokens_per_sec / (x0 * p.num_devices / n0)}) if p.tokens_per_sec else p
+        for p in points
+    ]
     return out, n0, []
 
 
@@ -239,43 +244,71 @@ def _prediction(predict, num_devices: int | None, measured: Mapping[int, float],
     lo, hi = min(measured), max(measured)
     extrapolated = not lo <= num_devices <= hi
     eff = x / (measured[n0] * num_devices / n0) if n0 in measured else None
-    note = (f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}" if extrapolated
-            else f"interpolation within the measured range {lo}..{hi}")
+    note = (
+        f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}"
+        if extrapolated
+        else f"interpolation within the measured range {lo}..{hi}"
+    )
     return Prediction(num_devices=num_devices, tokens_per_sec=x, efficiency=eff, extrapolated=extrapolated, note=note)
 
 
 def _fit_amdahl(measured: Mapping[int, float], full_n: int | None, n0: int | None) -> AmdahlFit:
     if len(measured) < MIN_FIT_POINTS:
-        return AmdahlFit(fitted=False, reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
-                         num_points=len(measured))
+        return AmdahlFit(
+            fitted=False,
+            reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
+            num_points=len(measured),
+        )
     p = fit_amdahl(list(measured), list(measured.values()))
     q = p.quality
-    return AmdahlFit(fitted=True, tokens_per_sec_one_device=p.tokens_per_sec_one_device,
-                     serial_fraction=p.serial_fraction,
-                     max_speedup=1 / p.serial_fraction if p.serial_fraction > 0 else None,
-                     r_squared=q.r_squared, rms_rel_error=q.rms_rel_error, num_points=q.num_points,
-                     prediction=_prediction(p.predict, full_n, measured, n0))
+    return AmdahlFit(
+        fitted=True,
+        tokens_per_sec_one_device=p.tokens_per_sec_one_device,
+        serial_fraction=p.serial_fraction,
+        max_speedup=1 / p.serial_fraction if p.serial_fraction > 0 else None,
+        r_squared=q.r_squared,
+        rms_rel_error=q.rms_rel_error,
+        num_points=q.num_points,
+        prediction=_prediction(p.predict, full_n, measured, n0),
+    )
 
 
 def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) -> USLFit:
     if len(measured) < MIN_FIT_POINTS:
-        return USLFit(fitted=False, reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
-                      num_points=len(measured))
+        return USLFit(
+            fitted=False,
+            reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
+            num_points=len(measured),
+        )
     p = fit_usl(list(measured), list(measured.values()))
     q, peak = p.quality, p.peak_num_devices
-    return USLFit(fitted=True, lambda_tokens_per_sec=p.lambda_tokens_per_sec, sigma=p.sigma, kappa=p.kappa,
-                  r_squared=q.r_squared, rms_rel_error=q.rms_rel_error, num_points=q.num_points,
-                  peak_num_devices=peak, peak_tokens_per_sec=p.predict(peak) if peak else None,
-                  peak_extrapolated=(not min(measured) <= peak <= max(measured)) if peak else None,
-                  prediction=_prediction(p.predict, full_n, measured, n0))
+    return USLFit(
+        fitted=True,
+        lambda_tokens_per_sec=p.lambda_tokens_per_sec,
+        sigma=p.sigma,
+        kappa=p.kappa,
+        r_squared=q.r_squared,
+        rms_rel_error=q.rms_rel_error,
+        num_points=q.num_points,
+        peak_num_devices=peak,
+        peak_tokens_per_sec=p.predict(peak) if peak else None,
+        peak_extrapolated=(not min(measured) <= peak <= max(measured)) if peak else None,
+        prediction=_prediction(p.predict, full_n, measured, n0),
+    )
 
 
 # ---------------------------------------------------------------------------------------- assembly
 
 
 def _key(r: RunPoint) -> SeriesKey:
-    return SeriesKey(model=r.model, num_layers=r.num_layers, precision=r.precision, layout=r.layout,
-                     scaling=r.scaling, cluster=r.cluster)
+    return SeriesKey(
+        model=r.model,
+        num_layers=r.num_layers,
+        precision=r.precision,
+        layout=r.layout,
+        scaling=r.scaling,
+        cluster=r.cluster,
+    )
 
 
 def _pair_key(k: SeriesKey) -> tuple[str, int, str, str, str]:
@@ -291,32 +324,58 @@ def _speedups(groups: Mapping[SeriesKey, list[ScalingPoint]]) -> list[SpeedupPoi
         for p in pts if ref else []:
             b = ref.get(p.num_devices)
             if p.tokens_per_sec and b is not None and b.tokens_per_sec:
-                gap = ((p.final_loss - b.final_loss) / b.final_loss
-                       if p.final_loss is not None and b.final_loss else None)
-                out.append(SpeedupPoint(
-                    model=k.model, num_layers=k.num_layers, layout=k.layout, scaling=k.scaling, cluster=k.cluster,
-                    precision=k.precision, num_devices=p.num_devices, fp8_tokens_per_sec=p.tokens_per_sec,
-                    bf16_tokens_per_sec=b.tokens_per_sec, speedup=p.tokens_per_sec / b.tokens_per_sec,
-                    fp8_final_loss=p.final_loss, bf16_final_loss=b.final_loss, loss_rel_gap=gap))
+                gap = (
+                    (p.final_loss - b.final_loss) / b.final_loss if p.final_loss is not None and b.final_loss else None
+                )
+                out.append(
+                    SpeedupPoint(
+                        model=k.model,
+                        num_layers=k.num_layers,
+                        layout=k.layout,
+                        scaling=k.scaling,
+                        cluster=k.cluster,
+                        precision=k.precision,
+                        num_devices=p.num_devices,
+                        fp8_tokens_per_sec=p.tokens_per_sec,
+                        bf16_tokens_per_sec=b.tokens_per_sec,
+                        speedup=p.tokens_per_sec / b.tokens_per_sec,
+                        fp8_final_loss=p.final_loss,
+                        bf16_final_loss=b.final_loss,
+                        loss_rel_gap=gap,
+                    )
+                )
     return out
 
 
-def _series(key: SeriesKey, points: list[ScalingPoint], impossible: list[int], baseline_n: int | None,
-            full_n: int | None) -> Series:
+def _series(
+    key: SeriesKey, points: list[ScalingPoint], impossible: list[int], baseline_n: int | None, full_n: int | None
+) -> Series:
     points, n0, notes = _with_efficiency(points, baseline_n)
     measured = {p.num_devices: p.tokens_per_sec for p in points if p.tokens_per_sec}
     if impossible:
         notes.append(f"layout {key.layout} cannot run at N={', '.join(map(str, impossible))}: not a missing point")
     if key.scaling == "weak" and len(measured) >= MIN_FIT_POINTS:
-        notes.append("Amdahl's form fitted to weak scaling: s is the share of step time that does not "
-                     "parallelize at fixed local batch (Gustafson's reading), not a strong-scaling limit")
-    return Series(key=key, baseline_num_devices=n0, points=points, amdahl=_fit_amdahl(measured, full_n, n0),
-                  usl=_fit_usl(measured, full_n, n0), notes=notes)
+        notes.append(
+            "Amdahl's form fitted to weak scaling: s is the share of step time that does not "
+            "parallelize at fixed local batch (Gustafson's reading), not a strong-scaling limit"
+        )
+    return Series(
+        key=key,
+        baseline_num_devices=n0,
+        points=points,
+        amdahl=_fit_amdahl(measured, full_n, n0),
+        usl=_fit_usl(measured, full_n, n0),
+        notes=notes,
+    )
 
 
-def build_report(runs: Iterable[RunPoint], *, baseline_num_devices: int | None = None,
-                 full_size_by_cluster: Mapping[str, int] | None = None,
-                 noisy_spread: float = NOISY_SPREAD) -> ScalingReport:
+def build_report(
+    runs: Iterable[RunPoint],
+    *,
+    baseline_num_devices: int | None = None,
+    full_size_by_cluster: Mapping[str, int] | None = None,
+    noisy_spread: float = NOISY_SPREAD,
+) -> ScalingReport:
     """Scaling report of the runs of one experiment (or several to compare).
 
     baseline_num_devices: N0 for E(N) (e.g. 8 for one node); None takes each series' smallest measured N.
@@ -329,27 +388,60 @@ def build_report(runs: Iterable[RunPoint], *, baseline_num_devices: int | None =
         by_key.setdefault(_key(r), []).append(r)
     all_counts = sorted({r.num_devices for r in runs})
     sized: dict[SeriesKey, tuple[list[ScalingPoint], list[int]]] = {
-        k: _points(rs, all_counts, noisy_spread) for k, rs in by_key.items()}
+        k: _points(rs, all_counts, noisy_spread) for k, rs in by_key.items()
+    }
     speedups = _speedups({k: pts for k, (pts, _) in sized.items()})
-    s_of = {(sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp.speedup
-            for sp in speedups}
+    s_of = {
+        (sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp.speedup
+        for sp in speedups
+    }
     series = []
     for k in sorted(sized, key=lambda k: (k.model, k.num_layers, k.cluster, k.scaling, k.layout, k.precision)):
         pts, impossible = sized[k]
-        pts = [p.model_copy(update={"fp8_speedup": s_of.get(
-            (k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p.num_devices))}) for p in pts]
+        pts = [
+            p.model_copy(
+                update={
+                    "fp8_speedup": s_of.get(
+                        (k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p.num_devices)
+                    )
+                }
+            )
+            for p in pts
+        ]
         full_n = (full_size_by_cluster or {}).get(k.cluster)
         series.append(_series(k, pts, impossible, baseline_num_devices, full_n))
-    return ScalingReport(series=series, speedups=speedups, gpu_counts=all_counts, noisy_spread=noisy_spread,
-                         baseline_num_devices=baseline_num_devices)
+    return ScalingReport(
+        series=series,
+        speedups=speedups,
+        gpu_counts=all_counts,
+        noisy_spread=noisy_spread,
+        baseline_num_devices=baseline_num_devices,
+    )
 
 
 # --------------------------------------------------------------------------------------------- CSV
 
-CSV_COLUMNS = ("model", "num_layers", "precision", "layout", "scaling", "cluster", "num_devices", "status",
-               "tokens_per_sec", "tokens_per_sec_per_device", "efficiency", "fp8_speedup", "mfu_vs_bf16_peak",
-               "mfu_vs_precision_peak", "peak_memory_allocated_gib", "spread", "num_succeeded", "num_failed",
-               "flags")
+CSV_COLUMNS = (
+    "model",
+    "num_layers",
+    "precision",
+    "layout",
+    "scaling",
+    "cluster",
+    "num_devices",
+    "status",
+    "tokens_per_sec",
+    "tokens_per_sec_per_device",
+    "efficiency",
+    "fp8_speedup",
+    "mfu_vs_bf16_peak",
+    "mfu_vs_precision_peak",
+    "peak_memory_allocated_gib",
+    "spread",
+    "num_succeeded",
+    "num_failed",
+    "flags",
+)
 
 
 def to_csv_rows(report: ScalingReport) -> list[dict[str, object]]:

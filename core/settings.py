@@ -29,9 +29,10 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         e = os.environ if env is None else env
         data_dir = Path(e.get("SCALEBENCH_DATA_DIR", ".scalebench")).resolve()
-        database_url = e.get("SCALEBENCH_DATABASE_URL") or e.get("DATABASE_URL") or f"sqlite:///{data_dir / 'scalebench.db'}"
-        broker_url = (e.get("SCALEBENCH_BROKER_URL") or e.get("REDIS_URL")
-                      or f"filesystem://{data_dir / 'broker'}")
+        database_url = (
+            e.get("SCALEBENCH_DATABASE_URL") or e.get("DATABASE_URL") or f"sqlite:///{data_dir / 'scalebench.db'}"
+        )
+        broker_url = e.get("SCALEBENCH_BROKER_URL") or e.get("REDIS_URL") or f"filesystem://{data_dir / 'broker'}"
         return cls(
             data_dir=data_dir,
             database_url=database_url,

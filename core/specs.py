@@ -156,12 +156,14 @@ class ExperimentSpec(_Strict):
     compile: bool = Field(False, description="torch.compile each transformer block.")
     activation_checkpointing: Literal["none", "full"] = Field("none", description="Activation checkpointing.")
     fp8_all_gather: bool = Field(False, description="FSDP float8 all-gather (tensorwise only).")
-    precompute_fp8_scales: bool = Field(False, description="Precompute float8 dynamic scales for FSDP (tensorwise all-gather).")
+    precompute_fp8_scales: bool = Field(
+        False, description="Precompute float8 dynamic scales for FSDP (tensorwise all-gather).")
     lr: float = Field(3e-4, gt=0, le=1.0, description="Peak AdamW learning rate.")
     lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    data_path: str | None = Field(None, max_length=1000,
-                                  description="Pre-tokenized uint16/uint32 token file on the cluster (default: synthetic).")
+    data_path: str | None = Field(
+        None, max_length=1000, description="Pre-tokenized uint16/uint32 token file on the cluster (default: synthetic)."
+    )
     timeout_s: int = Field(3600, ge=10, le=7 * 24 * 3600, description="Wall-clock limit of one run.")
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field([], max_length=32)
 

@@ -75,10 +75,20 @@ def fingerprints(session: Session, experiment_ids: Sequence[int]) -> dict[int, s
     """
     r = Run
     stmt = (
-        sa.select(Experiment.id, Experiment.created_at, r.status, sa.func.count(r.id), sa.func.max(r.id), sa.func.sum(r.attempts),
-                  sa.func.sum(sa.case((r.cancel_requested, 1), else_=0)), sa.func.count(r.dispatched_at),
-                  sa.func.count(r.slurm_job_id), sa.func.max(r.dispatched_at), sa.func.max(r.started_at),
-                  sa.func.max(r.finished_at))
+        sa.select(
+            Experiment.id,
+            Experiment.created_at,
+            r.status,
+            sa.func.count(r.id),
+            sa.func.max(r.id),
+            sa.func.sum(r.attempts),
+            sa.func.sum(sa.case((r.cancel_requested, 1), else_=0)),
+            sa.func.count(r.dispatched_at),
+            sa.func.count(r.slurm_job_id),
+            sa.func.max(r.dispatched_at),
+            sa.func.max(r.started_at),
+            sa.func.max(r.finished_at),
+        )
         .outerjoin(r, r.experiment_id == Experiment.id)
         .where(Experiment.id.in_(list(experiment_ids)))
         .group_by(Experiment.id, Experiment.created_at, r.status)  # created_at: an id reused after a reset
@@ -86,8 +96,7 @@ def fingerprints(session: Session, experiment_ids: Sequence[int]) -> dict[int, s
     parts: dict[int, list[str]] = {}
     for exp_id, *rest in session.execute(stmt):
         parts.setdefault(exp_id, []).append("|".join(str(v) for v in rest))
-    return {i: hashlib.blake2b("\n".join(sorted(p)).encode(), digest_size=12).hexdigest()
-            for i, p in parts.items()}
+    return {i: hashlib.blake2b("\n".join(sorted(p)).encode(), digest_size=12).hexdigest() for i, p in parts.items()}
 
 
 def fingerprint(session: Session, experiment_id: int) -> str | None:
@@ -113,9 +122,11 @@ class LossCurve:
 
 def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row]:
     """One succeeded run per (cluster, precision, layout, N): the lowest repeat (then the lowest id)."""
-    stmt = (sa.select(Run.id, Run.cluster, Run.precision, Run.layout, Run.num_devices, Run.repeat)
-            .where(Run.experiment_id == experiment_id, Run.status == "succeeded")
-            .order_by(Run.repeat, Run.id))
+    stmt = (
+        sa.select(Run.id, Run.cluster, Run.precision, Run.layout, Run.num_devices, Run.repeat)
+        .where(Run.experiment_id == experiment_id, Run.status == "succeeded")
+        .order_by(Run.repeat, Run.id)
+    )
     if num_devices is not None:
         stmt = stmt.where(Run.num_devices == num_devices)
     chosen: dict[tuple, sa.Row] = {}
@@ -127,16 +138,24 @@ def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -
 def _thinned_steps(session: Session, run_ids: list[int], max_points: int) -> dict[int, tuple[int, list, list]]:
     """Steps with a loss, thinned to <= max_points per run: every k-th from the first, plus the last
     (k = ceil((n - 1) / (max_points - 1)), so that both ends are kept); n per run too."""
-    base = (sa.select(StepMetric.run_id, StepMetric.step, StepMetric.loss,
-                      sa.func.row_number().over(partition_by=StepMetric.run_id, order_by=StepMetric.step).label("rn"),
-                      sa.func.count().over(partition_by=StepMetric.run_id).label("n"))
-            .where(StepMetric.run_id.in_(run_ids), StepMetric.loss.is_not(None))
-            .subquery())
+    base = (
+        sa.select(
+            StepMetric.run_id,
+            StepMetric.step,
+            StepMetric.loss,
+            sa.func.row_number().over(partition_by=StepMetric.run_id, order_by=StepMetric.step).label("rn"),
+            sa.func.count().over(partition_by=StepMetric.run_id).label("n"),
+        )
+        .where(StepMetric.run_id.in_(run_ids), StepMetric.loss.is_not(None))
+        .subquery()
+    )
     m = max_points
     stride = sa.case((base.c.n <= m, 1), else_=(base.c.n + (m - 3)) // (m - 1))  # ceil((n - 1) / (m - 1))
-    stmt = (sa.select(base.c.run_id, base.c.step, base.c.loss, base.c.n)
-            .where(sa.or_((base.c.rn - 1) % stride == 0, base.c.rn == base.c.n))
-            .order_by(base.c.run_id, base.c.step))
+    stmt = (
+        sa.select(base.c.run_id, base.c.step, base.c.loss, base.c.n)
+        .where(sa.or_((base.c.rn - 1) % stride == 0, base.c.rn == base.c.n))
+        .order_by(base.c.run_id, base.c.step)
+    )
     out: dict[int, tuple[int, list, list]] = {}
     for run_id, step, loss, n in session.execute(stmt):
         entry = out.setdefault(run_id, (n, [], []))
@@ -145,8 +164,9 @@ def _thinned_steps(session: Session, run_ids: list[int], max_points: int) -> dic
     return out
 
 
-def loss_curves(session: Session, experiment_id: int, *, max_points: int = 200,
-                num_devices: int | None = None) -> list[LossCurve]:
+def loss_curves(
+    session: Session, experiment_id: int, *, max_points: int = 200, num_devices: int | None = None
+) -> list[LossCurve]:
     """Loss curves for the fp8-vs-bf16 chart: one run per (cluster, precision, layout, N), each thinned to
     at most max_points points (first and last step kept). Runs without step losses give no curve."""
     assert max_points >= 2
@@ -154,6 +174,18 @@ def loss_curves(session: Session, experiment_id: int, *, max_points: int = 200,
     if not runs:
         return []
     steps = _thinned_steps(session, [r.id for r in runs], max_points)
-    return [LossCurve(run_id=r.id, cluster=r.cluster, precision=r.precision, layout=r.layout,
-                      num_devices=r.num_devices, repeat=r.repeat, num_steps=steps[r.id][0],
-                      steps=steps[r.id][1], losses=steps[r.id][2]) for r in runs if r.id in steps]
+    return [
+        LossCurve(
+            run_id=r.id,
+            cluster=r.cluster,
+            precision=r.precision,
+            layout=r.layout,
+            num_devices=r.num_devices,
+            repeat=r.repeat,
+            num_steps=steps[r.id][0],
+            steps=steps[r.id][1],
+            losses=steps[r.id][2],
+        )
+        for r in runs
+        if r.id in steps
+    ]

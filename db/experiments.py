@@ -19,7 +19,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from core.specs import ExperimentSpec, RunSpec
-from db.models import RUN_STATUSES, Experiment, Run, utcnow
+from db.models import RUN_STATUSES, Experiment, Run, RunSummary, utcnow
 
 EXPERIMENT_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -169,6 +169,15 @@ def list_runs(session: Session, experiment_id: int, *, limit: int = 500, after_i
     if status is not None:
         stmt = stmt.where(Run.status == status)
     return list(session.scalars(stmt))
+
+
+def run_figures(session: Session, run_ids: list[int]) -> dict[int, tuple[float, float]]:
+    """(tokens/s per device, median step ms) of the runs that have a summary, by run id."""
+    if not run_ids:
+        return {}
+    stmt = sa.select(RunSummary.run_id, RunSummary.tokens_per_sec_per_device, RunSummary.step_ms_median).where(
+        RunSummary.run_id.in_(run_ids))
+    return {row.run_id: (row.tokens_per_sec_per_device, row.step_ms_median) for row in session.execute(stmt)}
 
 
 def cancel_experiment(session: Session, experiment_id: int) -> tuple[int, int]:

@@ -1,28 +1,18 @@
 """SQLAlchemy 2 typed models: experiments, runs, per-step metrics, run summaries, API tokens.
 
 Ids are integers. Timestamps are timezone-aware UTC (`UtcDateTime`), also on SQLite, which stores them
-naive. JSON columns are JSONB on PostgreSQL (tag containment filters) and JSON elsewhere.
+naive. JSON columns are JSONB on PostgreSQL (tag containment filters) and JSON elsewhere (db.base).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-# Constraint names are deterministic so that migrations (and `alembic check`) agree on every dialect.
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
+from db.base import Base, enum_check, utcnow
 
 EXPERIMENT_SOURCES = ("api", "import", "suite")
 RUN_STATUSES = ("queued", "pending", "running", "succeeded", "failed", "cancelled")
@@ -30,42 +20,9 @@ ACTIVE_STATUSES = ("pending", "running")  # a worker owns the run
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class UtcDateTime(sa.TypeDecorator[datetime]):
-    """DateTime(timezone=True) that always hands back aware UTC datetimes (SQLite drops the zone)."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        assert value.tzinfo is not None, "timestamps must be timezone-aware (UTC)"
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _enum_check(column: str, allowed: tuple[str, ...]) -> sa.CheckConstraint:
-    values = ", ".join(f"'{v}'" for v in allowed)
-    return sa.CheckConstraint(f"{column} IN ({values})", name=f"{column}_allowed")
-
-
-class Base(DeclarativeBase):
-    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JsonType, list[Any]: JsonType}
-
-
 class Experiment(Base):
     __tablename__ = "experiments"
-    __table_args__ = (_enum_check("source", EXPERIMENT_SOURCES),)
+    __table_args__ = (enum_check("source", EXPERIMENT_SOURCES),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(200))
@@ -85,7 +42,7 @@ class Experiment(Base):
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
-        _enum_check("status", RUN_STATUSES),
+        enum_check("status", RUN_STATUSES),
         sa.Index("ix_runs_experiment_id_status", "experiment_id", "status"),
         sa.Index("ix_runs_status_dispatched_at", "status", "dispatched_at"),
     )
@@ -159,6 +116,20 @@ class RunSummary(Base):
     num_float8_linears: Mapped[int | None]
 
 
+class RunLog(Base):
+    """The tail of a run's log (the runner's merged stdout/stderr), shipped by its worker while the run goes
+    on and when it ends, so that the API reads it from the store: API, workers and Slurm jobs may not share
+    a disk. Capped at db.runs.LOG_STORE_MAX_BYTES (the newest bytes are kept)."""
+
+    __tablename__ = "run_logs"
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    text: Mapped[str] = mapped_column(sa.Text)
+    log_bytes: Mapped[int] = mapped_column(sa.BigInteger)  # size of the whole log when shipped
+    final: Mapped[bool] = mapped_column(default=False)  # shipped after the run ended
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class ApiToken(Base):
     __tablename__ = "api_tokens"
 
@@ -167,7 +138,3 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)  # sha256 hex of the token
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
-
-
-# The nightly schedule's tables live in their own module, on the same MetaData (imported last: it needs Base).
-from db import models_nightly  # noqa: E402,F401

@@ -1,6 +1,6 @@
 """Models of the nightly schedule (issue 7): suites, their evaluations, regressions, webhooks, deliveries.
 
-Same MetaData as db.models (imported at the bottom of db/models.py). `experiments.suite_id` (an indexed
+Same MetaData as db.models (db.base). `experiments.suite_id` (an indexed
 int, no FK: adding one would rebuild the experiments table on SQLite) names the suite that fired it.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import Base, _enum_check, utcnow
+from db.base import Base, enum_check, utcnow
 
 DEFAULT_SCHEDULE = "0 2 * * *"  # 02:00 UTC every night
 REGRESSION_STATUSES = ("suspected", "confirmed", "recovered", "improved", "failed")
@@ -63,7 +63,7 @@ class Regression(Base):
 
     __tablename__ = "regressions"
     __table_args__ = (
-        _enum_check("status", REGRESSION_STATUSES),
+        enum_check("status", REGRESSION_STATUSES),
         sa.Index("ix_regressions_point", "suite_id", "run_key", "cluster", "metric"),
     )
 
@@ -111,7 +111,7 @@ class WebhookDelivery(Base):
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
-        _enum_check("status", DELIVERY_STATUSES),
+        enum_check("status", DELIVERY_STATUSES),
         sa.Index("ix_webhook_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
     )
 

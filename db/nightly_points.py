@@ -51,7 +51,7 @@ class _RunRow:
 
 
 def _load_rows(session: Session, experiment_ids: Sequence[int]) -> dict[int, list[_RunRow]]:
-    spec, result = Run.spec, Run.result
+    spec = Run.spec
     stmt = (sa.select(Run.experiment_id, Run.id, Run.run_key, spec["model"].as_string(),
                       spec["num_layers"].as_integer(), Run.precision, Run.layout, spec["scaling"].as_string(),
                       Run.cluster, Run.num_devices, Run.status, RunSummary.tokens_per_sec,
@@ -111,6 +111,8 @@ def load_nights(session: Session, experiment_ids: Sequence[int]) -> dict[int, di
     ids = list(experiment_ids)
     if not ids:
         return {}
-    stamps = {i: t for i, t in session.execute(sa.select(Experiment.id, Experiment.created_at).where(Experiment.id.in_(ids)))}
+    stamps = {
+        i: t for i, t in session.execute(sa.select(Experiment.id, Experiment.created_at).where(Experiment.id.in_(ids)))
+    }
     rows = _load_rows(session, ids)
     return {i: _nights_of(i, stamps[i], rows[i]) if i in stamps else {} for i in ids}

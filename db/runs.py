@@ -21,10 +21,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from core.specs import ERROR_KINDS, RunResult
-from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunSummary, StepMetric, utcnow
+from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunLog, RunSummary, StepMetric, utcnow
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 20_000
+LOG_STORE_MAX_BYTES = 1 << 20  # the stored tail of a run's log (newest bytes)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,35 @@ def requeue_detached(session: Session, run_ids: list[int], now: datetime | None 
     return requeued
 
 
+def requeue_for_retry(session: Session, run_id: int, reason: str) -> bool:
+    """running|pending -> queued (undispatched) for another attempt after an infrastructure failure
+    (node failure, preemption), unless a cancel is pending."""
+    stmt = (sa.update(Run)
+            .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.cancel_requested.is_(False))
+            .values(status="queued", dispatched_at=None, worker=None, host=None, lease_expires_at=None,
+                    error_kind=None, error_message=f"retrying after an infrastructure failure: {reason}"[:2000]))
+    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
+
+
+def cancel_requested(session: Session, run_id: int) -> bool:
+    return bool(session.scalar(sa.select(Run.cancel_requested).where(Run.id == run_id)))
+
+
+def active_runs_with_dir(session: Session) -> list[Run]:
+    """Runs a worker owns (pending, running) that have a run directory: candidates for recovery."""
+    return list(session.scalars(sa.select(Run).where(Run.status.in_(ACTIVE_STATUSES), Run.run_dir.is_not(None))))
+
+
+def expired_active_runs(session: Session, now: datetime) -> list[sa.Row]:
+    """(id, cluster, run_dir, created_at) of active runs whose lease expired and that have no pending cancel."""
+    return list(session.execute(sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at).where(
+        Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now, Run.cancel_requested.is_(False))))
+
+
+def run_dirs(session: Session, run_ids: list[int]) -> list[tuple[int, str | None]]:
+    return [(row.id, row.run_dir) for row in session.execute(sa.select(Run.id, Run.run_dir).where(Run.id.in_(run_ids)))]
+
+
 def _bulk(session: Session, where: list, **values) -> list[int]:
     stmt = sa.update(Run).where(*where).values(lease_expires_at=None, **values).returning(Run.id)
     return list(session.scalars(stmt.execution_options(synchronize_session=False)))
@@ -178,3 +208,18 @@ def get_steps(session: Session, run_id: int) -> list[StepMetric]:
 
 def get_summary(session: Session, run_id: int) -> RunSummary | None:
     return session.get(RunSummary, run_id)
+
+
+def store_log(session: Session, run_id: int, tail: bytes, log_bytes: int, *, final: bool = False) -> None:
+    """Store the newest LOG_STORE_MAX_BYTES of a run's log (decoded leniently; NUL is not valid in text
+    columns). A final tail is never replaced by a later live one."""
+    text = tail[-LOG_STORE_MAX_BYTES:].decode("utf-8", "replace").replace("\x00", "\ufffd")
+    row = session.get(RunLog, run_id)
+    if row is None:
+        session.add(RunLog(run_id=run_id, text=text, log_bytes=log_bytes, final=final, updated_at=utcnow()))
+    elif final or not row.final:
+        row.text, row.log_bytes, row.final, row.updated_at = text, log_bytes, final, utcnow()
+
+
+def get_log(session: Session, run_id: int) -> RunLog | None:
+    return session.get(RunLog, run_id)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 (DB-API connection)
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # WAL: readers do not block the writer; foreign keys are off by default in SQLite.
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")

@@ -12,6 +12,7 @@ leaves neither.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -163,6 +164,32 @@ def create_suite_experiment(session: Session, suite: Suite, cluster: Cluster,
     exp.created_at = now  # the night's timestamp: what history and baselines are ordered by
     session.flush()
     return exp, run_ids
+
+
+@dataclass(frozen=True)
+class Fired:
+    """What firing a suite stored: its experiment and runs, or why it could not (recorded on the suite)."""
+
+    suite_id: int
+    experiment_id: int | None
+    run_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+    dispatched: bool = False
+
+
+def fire_suite(session: Session, suite: Suite, clusters: Mapping[str, Cluster], now: datetime) -> Fired:
+    """Create the suite's experiment (the caller already holds the claim, or this is a manual trigger), or
+    record on the suite why it cannot expand. The caller commits, then publishes the run ids."""
+    try:
+        if suite.cluster not in clusters:
+            raise ValueError(f"cluster: {suite.cluster!r} is not configured; allowed: {', '.join(sorted(clusters))}")
+        with session.begin_nested():
+            exp, run_ids = create_suite_experiment(session, suite, clusters[suite.cluster], now)
+        record_fire_error(session, suite.id, None)
+    except ValueError as exc:  # unknown cluster, a matrix with no valid point, an outdated template
+        record_fire_error(session, suite.id, str(exc)[:2000])
+        return Fired(suite.id, None, error=str(exc))
+    return Fired(suite.id, exp.id, run_ids)
 
 
 def metric_configs(suite: Suite) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import logging.config
 from alembic import context
 
 from core.settings import Settings
-from db.models import Base
 from db.session import make_engine
+from db.tables import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -96,7 +96,7 @@ def driver_version(vendor: str) -> str | None:
             pynvml.nvmlInit()
             version = pynvml.nvmlSystemGetDriverVersion()
             return version.decode() if isinstance(version, bytes) else str(version)
-        except Exception:  # pynvml absent or no driver: the field stays None
+        except Exception:  # noqa: BLE001 - pynvml absent or no driver: the field stays None
             return None
     return None
 
@@ -107,7 +107,7 @@ def nccl_version(vendor: str) -> str | None:
     try:
         v = torch.cuda.nccl.version()
         return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    except Exception:
+    except Exception:  # noqa: BLE001 - an optional probe: no value, no failure
         return None
 
 

@@ -10,10 +10,10 @@ Fixtures
   db_session           a Session from pg_session_factory (closed after the test; commit it yourself)
   sqlite_url           a fresh SQLite file under tmp_path, upgraded with `alembic upgrade head`
   redis_url            the test Redis URL; redis_client: a redis.Redis on it, FLUSHDB before and after
-  celery_app           worker.celery_app.make_celery on the test Redis (publishes for real)
+  celery_app           worker.queue.make_celery on the test Redis (publishes for real)
   test_settings        core.settings.Settings on the test Postgres + Redis, data under tmp_path
   api_token            a plain API token stored (hashed) in the test database
-  make_client          make_client(settings=None, token=True, dispatch_interval_s=None) -> TestClient
+  make_client          make_client(settings=None, token=True) -> TestClient
                        with the lifespan entered (closed after the test)
   client / anon_client a TestClient sending `Authorization: Bearer <api_token>` / sending none
   queued_messages      queued_messages(queue="local-cpu") -> [(task name, args)] of the messages on the
@@ -35,8 +35,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import Settings
-from db.models import Base
 from db.session import make_engine, make_session_factory, session_scope
+from db.tables import Base
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL",
@@ -131,8 +131,8 @@ def test_settings(tmp_path: Path, pg_url: str, redis_url: str) -> Settings:
 
 
 @pytest.fixture
-def celery_app(test_settings: Settings, redis_client: redis.Redis):  # noqa: ANN201
-    from worker.celery_app import make_celery
+def celery_app(test_settings: Settings, redis_client: redis.Redis):
+    from worker.queue import make_celery
 
     app = make_celery(test_settings)
     yield app
@@ -149,16 +149,15 @@ def api_token(pg_session_factory: sessionmaker[Session]) -> str:
 
 
 @pytest.fixture
-def make_client(test_settings: Settings, api_token: str, redis_client: redis.Redis):  # noqa: ANN201
+def make_client(test_settings: Settings, api_token: str, redis_client: redis.Redis):
     from fastapi.testclient import TestClient
 
     from api.app import create_app
 
     clients: list[TestClient] = []
 
-    def make(settings: Settings | None = None, token: bool = True,
-             dispatch_interval_s: float | None = None) -> TestClient:
-        app = create_app(settings or test_settings, dispatch_interval_s=dispatch_interval_s)
+    def make(settings: Settings | None = None, token: bool = True) -> TestClient:
+        app = create_app(settings or test_settings)
         headers = {"Authorization": f"Bearer {api_token}"} if token else {}
         client = TestClient(app, headers=headers, raise_server_exceptions=False)
         client.__enter__()
@@ -171,10 +170,10 @@ def make_client(test_settings: Settings, api_token: str, redis_client: redis.Red
 
 
 @pytest.fixture
-def client(make_client):  # noqa: ANN001, ANN201
+def client(make_client):
     return make_client()
 
 
 @pytest.fixture
-def anon_client(make_client):  # noqa: ANN001, ANN201
+def anon_client(make_client):
     return make_client(token=False)

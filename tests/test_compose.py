@@ -28,12 +28,15 @@ def _compose_commands() -> list[list[str]]:
 
 COMMANDS = _compose_commands()
 pytestmark = pytest.mark.skipif(
-    not COMMANDS, reason="no compose CLI: `apt-get install docker-compose` (scripts/test-deps.sh does) or a Compose v2 plugin")
+    not COMMANDS,
+    reason="no compose CLI: `apt-get install docker-compose` (scripts/test-deps.sh does) or a Compose v2 plugin",
+)
 
 
 def _config(cmd: list[str], *extra: str) -> dict:
-    proc = subprocess.run([*cmd, "-f", str(COMPOSE_FILE), *extra, "config"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [*cmd, "-f", str(COMPOSE_FILE), *extra, "config"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, f"{' '.join(cmd)} config failed:\n{proc.stderr}"
     return yaml.safe_load(proc.stdout)
 
@@ -41,7 +44,7 @@ def _config(cmd: list[str], *extra: str) -> dict:
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
 def test_compose_config_is_valid_with_the_services(cmd: list[str]) -> None:
     services = _config(cmd)["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker", "beat"} <= set(services)
+    assert {"postgres", "redis", "migrate", "api", "worker", "scheduler"} <= set(services)
     assert services["worker-amd"]["profiles"] == ["amd"]  # started only with `--profile amd`
     for name in ("postgres", "redis"):
         assert services[name]["healthcheck"]["test"], f"{name} needs a healthcheck"

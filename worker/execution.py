@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 
 from core.specs import RunError, RunResult, RunSpec
 from db import runs as db_runs
-from db.models import Run
 from db.session import session_scope
-from worker.launchers.base import LaunchHandle, LaunchOutcome
+from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail
 from worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -31,6 +30,7 @@ CANCEL_CHECK_S = 1.0  # how often the cancel flag is read (cancel must end the r
 POLL_S = 0.25
 DB_RETRY_MAX_S = 5.0
 TAIL_IN_MESSAGE_CHARS = 2000
+LOG_SHIP_S = 2.0  # how often a running run's log tail is shipped to the store (when it grew)
 
 
 def with_db(rt: Runtime, fn: Callable[[Session], T], what: str, retry_forever: bool = False) -> T:
@@ -59,7 +59,7 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
     if not claimed:
         log.info("run %d: not claimable (already claimed, finished, cancelled or gone): nothing to do", run_id)
         return "skipped"
-    run = with_db(rt, lambda s: s.get(Run, run_id), f"run {run_id}: read")
+    run = with_db(rt, lambda s: db_runs.get_run(s, run_id), f"run {run_id}: read")
     assert run is not None
     try:
         spec = RunSpec.model_validate(run.spec)
@@ -109,7 +109,7 @@ def attachable_handle(run_dir: str | Path, run_id: int, created_at: datetime) ->
 
 def _find_attachable(rt: Runtime, run_id: int) -> LaunchHandle | None:
     """Before claiming: does this queued run already have a Slurm job to re-attach to?"""
-    run = with_db(rt, lambda s: s.get(Run, run_id), f"run {run_id}: read before claim")
+    run = with_db(rt, lambda s: db_runs.get_run(s, run_id), f"run {run_id}: read before claim")
     if run is None or run.status != "queued" or run.cluster not in rt.clusters:
         return None  # the claim (or the launch) says what is wrong
     cluster = rt.clusters[run.cluster]
@@ -131,29 +131,66 @@ def _mark_ended(handle: LaunchHandle, state: str) -> None:
 
 def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOutcome | None:
     """Poll until the run ends; heartbeat; act on cancel. None when the run was cancelled (or taken away)."""
-    next_heartbeat = next_cancel_check = 0.0
+    next_heartbeat = next_cancel_check = next_log = 0.0
     last_state = "running"
+    shipped = LogShipper(rt, run_id, handle.run_dir)
     while True:
         outcome = launcher.poll(handle)
         if outcome.state not in ("pending", "running"):
+            shipped.ship(final=True)
             return outcome
         now = time.monotonic()
+        if now >= next_log:
+            next_log = now + LOG_SHIP_S
+            shipped.ship()
         if outcome.state != last_state:  # Slurm: pending <-> running
             last_state = outcome.state
-            _try_db(rt, lambda s: db_runs.update_launch(s, run_id, status=outcome.state), f"run {run_id}: state")
+            _try_db(rt, lambda s, state=outcome.state: db_runs.update_launch(s, run_id, status=state),
+                    f"run {run_id}: state")
         if now >= next_heartbeat:
             next_heartbeat = now + rt.settings.heartbeat_s
             lease = _try_db(rt, lambda s: db_runs.heartbeat(s, run_id, rt.settings.lease_s, rt.worker_name),
                             f"run {run_id}: heartbeat")
             if lease is not None and (lease.cancel_requested or not lease.owned):
-                return _stop(rt, run_id, launcher, handle, owned=lease.owned)
+                _stop(rt, run_id, launcher, handle, owned=lease.owned)
+                if lease.owned:
+                    shipped.ship(final=True)
+                return None
         elif now >= next_cancel_check:
             next_cancel_check = now + CANCEL_CHECK_S
-            flag = _try_db(rt, lambda s: s.scalar(sa.select(Run.cancel_requested).where(Run.id == run_id)),
-                           f"run {run_id}: cancel check")
+            flag = _try_db(rt, lambda s: db_runs.cancel_requested(s, run_id), f"run {run_id}: cancel check")
             if flag:
-                return _stop(rt, run_id, launcher, handle, owned=True)
+                _stop(rt, run_id, launcher, handle, owned=True)
+                shipped.ship(final=True)
+                return None
         time.sleep(POLL_S)
+
+
+class LogShipper:
+    """Ships the tail of a run's log.txt into the store (db.runs.store_log) when it grew, best effort while
+    the run goes on; the final tail is written before the result, so a finished run's log is there."""
+
+    def __init__(self, rt: Runtime, run_id: int, run_dir: str) -> None:
+        self.rt, self.run_id, self.run_dir, self.shipped_bytes = rt, run_id, run_dir, -1
+
+    def ship(self, final: bool = False) -> None:
+        try:
+            tail, size = read_log_tail(self.run_dir, db_runs.LOG_STORE_MAX_BYTES)
+        except OSError as exc:  # the shared run dir is unreachable: the run goes on; say so once per call
+            log.warning("run %d: log not readable (%s)", self.run_id, exc)
+            return
+        if size == self.shipped_bytes and not final:
+            return
+
+        def store(s: Session) -> bool:
+            db_runs.store_log(s, self.run_id, tail, size, final=final)
+            return True
+
+        if final:
+            with_db(self.rt, store, f"run {self.run_id}: final log", retry_forever=True)
+        elif _try_db(self.rt, store, f"run {self.run_id}: log") is None:
+            return
+        self.shipped_bytes = size
 
 
 def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool) -> None:
@@ -195,7 +232,7 @@ def _finish(rt: Runtime, run_id: int, spec_json: dict, attempts: int, outcome: L
         return result.status
     assert outcome.error_kind is not None
     if outcome.retryable and attempts <= rt.settings.max_infra_retries:
-        requeued = with_db(rt, lambda s: requeue_for_retry(s, run_id, outcome.message or ""),
+        requeued = with_db(rt, lambda s: db_runs.requeue_for_retry(s, run_id, outcome.message or ""),
                            f"run {run_id}: requeue", retry_forever=True)
         log.warning("run %d: infrastructure failure on attempt %d (%s): %s", run_id, attempts, outcome.message,
                     "requeued" if requeued else "not requeued (already ended)")
@@ -219,12 +256,3 @@ def _record_failure(rt: Runtime, run_id: int, spec_json: dict, kind: str, messag
     with_db(rt, lambda s: db_runs.record_result(s, run_id, result), f"run {run_id}: record failure",
             retry_forever=True)
     log.warning("run %d: failed (%s): %s", run_id, kind, message)
-
-
-def requeue_for_retry(session: Session, run_id: int, reason: str) -> bool:
-    """running|pending -> queued (undispatched) for another attempt, unless a cancel is pending."""
-    stmt = (sa.update(Run)
-            .where(Run.id == run_id, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False))
-            .values(status="queued", dispatched_at=None, worker=None, host=None, lease_expires_at=None,
-                    error_kind=None, error_message=f"retrying after an infrastructure failure: {reason}"[:2000]))
-    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1

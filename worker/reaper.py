@@ -9,33 +9,25 @@ One pass (`reap_once`):
 3. reap the other expired leases (db.runs.reap_expired): back to queued while attempts remain, else failed
    `worker_lost`; processes of reaped runs still alive on this host are ended (extra safety: PDEATHSIG
    normally took them down with their worker), a reaped run's Slurm job only when a cancel was pending;
-4. requeued runs (and queued runs whose publish failed: dispatched_at NULL) are published again.
-
-`python -m worker.reaper` runs passes in a loop (the scheduler of `scalebench up` and of compose's beat).
+Requeued runs have dispatched_at NULL: the scheduler's dispatcher pass (worker.queue.dispatch_pending)
+publishes them again. The scheduler process (worker.scheduler) runs this pass every few seconds.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import signal
-import time
 from datetime import datetime
 from pathlib import Path
 
-import sqlalchemy as sa
-from celery import Celery
 from sqlalchemy.orm import Session
 
+from core import procs
+from core.specs import RunResult
 from db import runs as db_runs
-from db.models import ACTIVE_STATUSES, Run, utcnow
-from worker import procs
-from worker.celery_app import make_celery
-from worker.dispatch import dispatch_pending
+from db.models import Run, utcnow
 from worker.execution import attachable_handle, with_db
-from worker.launchers.base import SPEC_FILE, LaunchHandle, read_result
-from worker.runtime import Runtime, get_runtime
+from worker.launchers.base import SPEC_FILE, LaunchHandle, read_log_tail, read_result
+from worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +49,21 @@ def recover_finished_runs(rt: Runtime) -> list[int]:
     """Record active runs whose worker is gone but whose result.json is on disk. Returns their ids."""
     now = utcnow()
 
-    def candidates(s: Session) -> list[Run]:
-        return list(s.scalars(sa.select(Run).where(Run.status.in_(ACTIVE_STATUSES), Run.run_dir.is_not(None))))
-
     recovered = []
-    for run in with_db(rt, candidates, "recover: list active runs"):
+    for run in with_db(rt, db_runs.active_runs_with_dir, "recover: list active runs"):
         run_dir = Path(run.run_dir or "")
         if not run_dir.is_dir() or not _owner_is_dead(run, rt.host, now) or _processes_alive(run_dir):
             continue
         result, _why = read_result(run_dir)
         if result is None:
             continue
-        if with_db(rt, lambda s, r=result, i=run.id: db_runs.record_result(s, i, r), f"recover run {run.id}"):
+        tail, size = read_log_tail(run_dir, db_runs.LOG_STORE_MAX_BYTES)
+
+        def record(s: Session, r: RunResult = result, i: int = run.id, t: bytes = tail, n: int = size) -> bool:
+            db_runs.store_log(s, i, t, n, final=True)
+            return db_runs.record_result(s, i, r)
+
+        if with_db(rt, record, f"recover run {run.id}"):
             log.warning("run %d: recorded from %s (its worker was gone)", run.id, run_dir / "result.json")
             recovered.append(run.id)
     return recovered
@@ -77,13 +72,9 @@ def recover_finished_runs(rt: Runtime) -> list[int]:
 def requeue_detached_runs(rt: Runtime, now: datetime | None = None) -> list[int]:
     """Expired runs that have a Slurm job to re-attach to -> queued (db.runs.requeue_detached). Returns their ids."""
     now = now or utcnow()
-
-    def expired(s: Session) -> list:
-        return list(s.execute(sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at).where(
-            Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now, Run.cancel_requested.is_(False))))
-
     run_ids = []
-    for run_id, cluster_name, run_dir, created_at in with_db(rt, expired, "reap: expired runs"):
+    expired = with_db(rt, lambda s: db_runs.expired_active_runs(s, now), "reap: expired runs")
+    for run_id, cluster_name, run_dir, created_at in expired:
         cluster = rt.clusters.get(cluster_name)
         if run_dir is None and cluster is not None and cluster.launcher == "slurm":
             run_dir = str(rt.run_dir(cluster, run_id))  # died between sbatch and recording the run dir
@@ -98,8 +89,7 @@ def _end_leftovers(rt: Runtime, run_ids: list[int]) -> None:
     """Processes of reaped runs still alive on this host are ended (the run was given up or requeued)."""
     if not run_ids:
         return
-    dirs = with_db(rt, lambda s: list(s.execute(sa.select(Run.id, Run.run_dir).where(Run.id.in_(run_ids)))),
-                   "reap: run dirs")
+    dirs = with_db(rt, lambda s: db_runs.run_dirs(s, run_ids), "reap: run dirs")
     for run_id, run_dir in dirs:
         if not run_dir or not Path(run_dir).is_dir():
             continue
@@ -127,41 +117,11 @@ def _cancel_slurm_job(rt: Runtime, run_id: int, handle: LaunchHandle) -> None:
         log.exception("run %d: reaped; could not cancel Slurm job %s", run_id, handle.job_id)
 
 
-def reap_once(rt: Runtime, celery: Celery | None = None) -> dict[str, list[int]]:
-    """One pass: recover finished run dirs, requeue runs with a Slurm job to re-attach, reap expired leases,
-    (re)publish undispatched queued runs."""
+def reap_once(rt: Runtime) -> dict[str, list[int]]:
+    """One pass: recover finished run dirs, requeue runs with a Slurm job to re-attach, reap expired leases."""
     recovered = recover_finished_runs(rt)
     detached = requeue_detached_runs(rt)
     max_attempts = rt.settings.max_infra_retries + 1
     requeued, failed = with_db(rt, lambda s: db_runs.reap_expired(s, max_attempts=max_attempts), "reap leases")
     _end_leftovers(rt, requeued + failed)
-    published: list[int] = []
-    if celery is not None:  # requeued runs have dispatched_at NULL, like runs whose first publish failed
-        published = dispatch_pending(rt.session_factory, celery).published
-    return {"recovered": recovered, "reattach": detached, "requeued": requeued, "failed": failed,
-            "published": published}
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="scalebench reaper/scheduler loop")
-    parser.add_argument("--interval-s", type=float, default=5.0)
-    parser.add_argument("--once", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    rt = get_runtime()
-    celery = make_celery(rt.settings)
-    log.info("reaper: pass every %.1f s (pid %d)", args.interval_s, os.getpid())
-    while not stop:
-        try:
-            reap_once(rt, celery)
-        except sa.exc.OperationalError as exc:
-            log.warning("reaper: database unavailable (%s)", exc.__class__.__name__)
-        if args.once:
-            break
-        time.sleep(args.interval_s)
-
-
-if __name__ == "__main__":
-    main()
+    return {"recovered": recovered, "reattach": detached, "requeued": requeued, "failed": failed}

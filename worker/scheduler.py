@@ -1,10 +1,14 @@
-"""The scheduler process (`scalebench up`'s and compose's `beat`): the reaper pass every few seconds and the
-nightly tick (worker/nightly.py) on its own period, in one plain loop.
+"""The scheduler: the one process for periodic work (`scalebench up` and compose each run one).
 
-    python -m worker.scheduler [--reap-interval-s 5] [--nightly-interval-s NIGHTLY_TICK_S]
+    python -m worker.scheduler [--reap-interval-s 5] [--dispatch-interval-s 3] [--nightly-interval-s 30] [--once]
 
-Celery beat can drive the same two tasks (scalebench.reap, scalebench.nightly_tick); this loop needs no
-worker to be free, which matters when the only worker is busy with a long run.
+Three passes on their own periods, in one plain loop (no Celery beat: this needs no free worker, which
+matters when the only worker is busy with a long run):
+- reaper (worker.reaper): recover finished run dirs, requeue runs whose Slurm job can be re-attached,
+  reap expired leases;
+- dispatcher (worker.queue.dispatch_pending): publish queued runs whose message was never sent (the
+  broker was down at submission) or that the reaper requeued;
+- nightly tick (worker.nightly): fire due suites, check finished suite experiments, deliver webhooks.
 """
 
 from __future__ import annotations
@@ -13,42 +17,64 @@ import argparse
 import logging
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from worker.celery_app import make_celery
 from worker.nightly import NIGHTLY_TICK_S, nightly_tick
+from worker.queue import dispatch_pending, make_celery
 from worker.reaper import reap_once
 from worker.runtime import get_runtime
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Pass:
+    name: str
+    interval_s: float
+    run: Callable[[], object]
+    due_at: float = 0.0
+
+
+def passes(reap_interval_s: float, dispatch_interval_s: float, nightly_interval_s: float) -> list[Pass]:
+    rt = get_runtime()
+    celery = make_celery(rt.settings)
+    return [Pass("reaper", reap_interval_s, lambda: reap_once(rt)),
+            Pass("dispatcher", dispatch_interval_s, lambda: _dispatch(rt.session_factory, celery)),
+            Pass("nightly", nightly_interval_s, lambda: nightly_tick(rt.session_factory, celery, rt.clusters))]
+
+
+def _dispatch(session_factory, celery) -> None:
+    outcome = dispatch_pending(session_factory, celery)
+    if outcome.error:
+        log.warning("dispatcher: %s", outcome.error)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m worker.scheduler", description=__doc__.splitlines()[0])
     parser.add_argument("--reap-interval-s", type=float, default=5.0)
+    parser.add_argument("--dispatch-interval-s", type=float, default=3.0)
     parser.add_argument("--nightly-interval-s", type=float, default=NIGHTLY_TICK_S)
+    parser.add_argument("--once", action="store_true", help="Run each pass once, then exit.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    rt = get_runtime()
-    celery = make_celery(rt.settings)
-    log.info("scheduler: reaper every %.0f s, nightly tick every %.0f s", args.reap_interval_s,
-             args.nightly_interval_s)
-    next_reap = next_nightly = 0.0
+    todo = passes(args.reap_interval_s, args.dispatch_interval_s, args.nightly_interval_s)
+    log.info("scheduler: %s", ", ".join(f"{p.name} every {p.interval_s:g} s" for p in todo))
     while not stop:
-        now = time.monotonic()
-        if now >= next_reap:
-            next_reap = now + args.reap_interval_s
-            _guarded("reaper", lambda: reap_once(rt, celery))
-        if now >= next_nightly:
-            next_nightly = now + args.nightly_interval_s
-            _guarded("nightly", lambda: nightly_tick(rt.session_factory, celery, rt.clusters))
-        time.sleep(min(0.5, max(0.0, min(next_reap, next_nightly) - time.monotonic())))
+        for p in todo:
+            if time.monotonic() >= p.due_at:
+                p.due_at = time.monotonic() + p.interval_s
+                _guarded(p.name, p.run)
+        if args.once:
+            break
+        time.sleep(min(0.5, max(0.0, min(p.due_at for p in todo) - time.monotonic())))
 
 
-def _guarded(name: str, fn) -> None:  # noqa: ANN001
+def _guarded(name: str, fn: Callable[[], object]) -> None:
     try:
         fn()
     except sa.exc.OperationalError as exc:

@@ -9,17 +9,15 @@ from __future__ import annotations
 import logging
 
 import sqlalchemy as sa
-from celery import current_app, shared_task
+from celery import shared_task
 from celery.signals import worker_process_init, worker_ready
 
 from worker import execution
-from worker.celery_app import TASK_EXECUTE_RUN
-from worker.dispatch import dispatch_runs
-from worker.reaper import reap_once, recover_finished_runs
+from worker.queue import TASK_EXECUTE_RUN, dispatch_runs
+from worker.reaper import recover_finished_runs
 from worker.runtime import get_runtime, reset_runtime
 
 log = logging.getLogger(__name__)
-TASK_REAP = "scalebench.reap"
 CLAIM_RETRY_BACKOFF_MAX_S = 60
 
 
@@ -33,12 +31,6 @@ def execute_run(self, run_id: int) -> str:
         execution.with_db(rt, lambda s: dispatch_runs(s, self.app, [rid]), f"run {rid}: republish")
 
     return execution.execute_run(rt, int(run_id), republish=republish)
-
-
-@shared_task(name=TASK_REAP, acks_late=False)
-def reap() -> dict[str, list[int]]:
-    """One reaper pass (for a Celery beat schedule; `python -m worker.reaper` runs the same pass in a loop)."""
-    return reap_once(get_runtime(), current_app)
 
 
 @worker_process_init.connect

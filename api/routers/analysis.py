@@ -125,7 +125,14 @@ def get_scaling(
 @router.get("/experiments/{experiment_id}/scaling.png", response_class=Response,
             responses={**PROBLEM_RESPONSES, **NOT_MODIFIED, 200: {"content": {"image/png": {}}}},
             summary="Scaling curves as a PNG: throughput with the ideal line, efficiency, fp8 speedup")
-def get_scaling_png(experiment_id: ExperimentId, request: Request, session: SessionDep, _auth: ReadAuth, baseline_num_devices: Baseline = None, full_size: FullSize = None) -> Response:
+def get_scaling_png(
+    experiment_id: ExperimentId,
+    request: Request,
+    session: SessionDep,
+    _auth: ReadAuth,
+    baseline_num_devices: Baseline = None,
+    full_size: FullSize = None,
+) -> Response:
     headers, unchanged, exp = _fresh(request, session, experiment_id)
     if unchanged:
         return unchanged
@@ -143,11 +150,17 @@ class LossesRead(BaseModel):
     curves: list[LossCurve] = Field(description="One curve per succeeded run: steps and losses, thinned.")
 
 
-@router.get("/experiments/{experiment_id}/losses", response_model=LossesRead,
-            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
-            summary="Loss curves for fp8 vs bf16: one succeeded run per (precision, layout, N), thinned")
+@router.get(
+    "/experiments/{experiment_id}/losses",
+    response_model=LossesRead,
+    responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
+    summary="Loss curves for fp8 vs bf16: one succeeded run per (precision, layout, N), thinned",
+)
 def get_losses(
-    experiment_id: ExperimentId, request: Request, session: SessionDep, _auth: ReadAuth,
+    experiment_id: ExperimentId,
+    request: Request,
+    session: SessionDep,
+    _auth: ReadAuth,
     num_devices: Annotated[int | None, Query(ge=1, le=65536, description="Only curves at this N.")] = None,
     max_points: Annotated[int, Query(ge=2, le=2000, description="Points per curve at most.")] = 200,
 ) -> Any:
@@ -157,8 +170,7 @@ def get_losses(
 
     def build() -> tuple[str, bytes]:
         curves = aq.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
-        body = LossesRead(experiment_id=experiment_id, max_points=max_points,
-                          curves=curves)
+        body = LossesRead(experiment_id=experiment_id, max_points=max_points, curves=curves)
         return "application/json", body.model_dump_json().encode()
 
     return _cache(request).answer(headers, build)
@@ -166,9 +178,18 @@ def get_losses(
 
 def _parse_ids(raw: str) -> list[int]:
     def bad(message: str) -> ProblemError:
-        return ProblemError(422, f"query.experiments: {message}", [FieldError(
-            field="query.experiments", message=message,
-            allowed=[f"2 to {MAX_COMPARE} comma-separated experiment ids, e.g. 3,7"])])
+        return ProblemError(
+            422,
+            f"query.experiments: {message}",
+            [
+                FieldError(
+                    field="query.experiments",
+                    message=message,
+                    allowed=[f"2 to {MAX_COMPARE} comma-separated experiment ids, e.g. 3,7"],
+                )
+            ],
+        )
+
     parts = [p.strip() for p in raw.split(",")]
     if any(not p.isdigit() or not 0 < int(p) < 2**31 for p in parts):
         raise bad(f"{raw!r} is not a comma-separated list of positive integer ids")
@@ -178,13 +199,27 @@ def _parse_ids(raw: str) -> list[int]:
     return ids
 
 
-@router.get("/compare", response_model=CompareRead, responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
-            summary="Scaling of several experiments side by side, with X ratios to the first at each common N")
+@router.get(
+    "/compare",
+    response_model=CompareRead,
+    responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
+    summary="Scaling of several experiments side by side, with X ratios to the first at each common N",
+)
 def get_compare(
-    request: Request, session: SessionDep, _auth: ReadAuth,
-    experiments: Annotated[str, Query(max_length=200, description=(
-        f"2 to {MAX_COMPARE} comma-separated experiment ids; the first is the reference of the ratios."))],
-    baseline_num_devices: Baseline = None, full_size: FullSize = None,
+    request: Request,
+    session: SessionDep,
+    _auth: ReadAuth,
+    experiments: Annotated[
+        str,
+        Query(
+            max_length=200,
+            description=(
+                f"2 to {MAX_COMPARE} comma-separated experiment ids; the first is the reference of the ratios."
+            ),
+        ),
+    ],
+    baseline_num_devices: Baseline = None,
+    full_size: FullSize = None,
 ) -> Any:
     ids = _parse_ids(experiments)
     headers, unchanged = etag.check(request, session, ids)
@@ -192,8 +227,15 @@ def get_compare(
         return unchanged
     rows = {e.id: e for e in session.scalars(sa.select(Experiment).where(Experiment.id.in_(ids)))}
     if missing := [i for i in ids if i not in rows]:
-        raise ProblemError(422, f"query.experiments: experiment(s) {missing} do not exist", [FieldError(
-            field="query.experiments", message=f"experiment(s) {', '.join(map(str, missing))} do not exist")])
+        raise ProblemError(
+            422,
+            f"query.experiments: experiment(s) {missing} do not exist",
+            [
+                FieldError(
+                    field="query.experiments", message=f"experiment(s) {', '.join(map(str, missing))} do not exist"
+                )
+            ],
+        )
 
     def build() -> tuple[str, bytes]:
         points = aq.load_run_points_many(session, ids)
@@ -202,8 +244,11 @@ def get_compare(
         for i in ids:
             sizes = _full_sizes(request.app.state.clusters, full_size, {p.cluster for p in points[i]})
             report = build_report(points[i], baseline_num_devices=baseline_num_devices, full_size_by_cluster=sizes)
-            out.append(CompareExperiment(id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source,
-                                         report=report))
+            out.append(
+                CompareExperiment(
+                    id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source, report=report
+                )
+            )
         return "application/json", compare(out).model_dump_json().encode()
 
     return _cache(request).answer(headers, build)

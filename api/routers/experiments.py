@@ -13,15 +13,26 @@ from sqlalchemy.orm import Session
 from api import etag
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
-from api.schemas import (CancelRead, ExperimentCreated, ExperimentPage, ExperimentRead, ExperimentStatusName,
-                         RunBrief, decode_cursor, encode_cursor, experiment_brief, experiment_read, skipped_read)
+from api.schemas import (
+    CancelRead,
+    ExperimentCreated,
+    ExperimentPage,
+    ExperimentRead,
+    ExperimentStatusName,
+    RunBrief,
+    decode_cursor,
+    encode_cursor,
+    experiment_brief,
+    experiment_read,
+    skipped_read,
+)
 from core.clusters import Cluster
 from core.matrix import MatrixError, SkippedPoint, expand
 from core.specs import ExperimentSpec, RunSpec
 from db import experiments as q
 from db.experiments import ExperimentStatus
 from db.models import RUN_STATUSES, Experiment
-from worker.dispatch import dispatch_runs
+from worker.queue import dispatch_runs
 
 router = APIRouter(prefix="/experiments", tags=["experiments"])
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 
 from api.deps import CeleryDep
 from api.problems import PROBLEM_TYPE, FieldError, Problem, ProblemError
-from worker.celery_app import broker_error
+from worker.queue import broker_error
 
 router = APIRouter(tags=["health"])
 
@@ -22,7 +22,7 @@ def _database_error(request: Request) -> str | None:
         with request.app.state.engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
         return None
-    except Exception as exc:  # any driver error means "not ready"
+    except Exception as exc:  # noqa: BLE001 - any driver error means "not ready"
         return f"database unreachable: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
 
 

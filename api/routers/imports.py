@@ -17,8 +17,19 @@ from core.clusters import Cluster
 from core.hardware import peak_tflops
 from core.matrix import MatrixError, expand
 from core.shapes import get_shape
-from core.specs import (Environment, ExperimentSpec, ModelName, Numerics, Precision, RunResult, RunSpec,
-                        ScalingMode, StepRecord, Summary, check_layout)
+from core.specs import (
+    Environment,
+    ExperimentSpec,
+    ModelName,
+    Numerics,
+    Precision,
+    RunResult,
+    RunSpec,
+    ScalingMode,
+    StepRecord,
+    Summary,
+    check_layout,
+)
 from db import experiments as q
 from db.imports import record_imported
 

@@ -92,16 +92,30 @@ class DbCollector(Collector):
             Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < utcnow())) or 0)
         return g
 
-    def _histogram(self, session: Session, dialect: str, name: str, doc: str, start: Any, end: Any,
-                   buckets: tuple[float, ...], labels: list[str], columns: list[Any], where: Any) -> HistogramMetricFamily:
+    def _histogram(
+        self,
+        session: Session,
+        dialect: str,
+        name: str,
+        doc: str,
+        start: Any,
+        end: Any,
+        buckets: tuple[float, ...],
+        labels: list[str],
+        columns: list[Any],
+        where: Any,
+    ) -> HistogramMetricFamily:
         seconds = _seconds_between(dialect, start, end)
         cumulative = [sa.func.sum(sa.case((seconds <= b, 1), else_=0)) for b in buckets]
-        stmt = (sa.select(*columns, sa.func.count(), sa.func.sum(seconds), *cumulative)
-                .where(where, start.is_not(None), end.is_not(None)).group_by(*columns))
+        stmt = (
+            sa.select(*columns, sa.func.count(), sa.func.sum(seconds), *cumulative)
+            .where(where, start.is_not(None), end.is_not(None))
+            .group_by(*columns)
+        )
         h = HistogramMetricFamily(name, doc, labels=labels)
         for row in session.execute(stmt):
-            values, count, total = list(row[:len(columns)]), int(row[len(columns)]), float(row[len(columns) + 1] or 0)
-            le = [(str(float(b)), int(n or 0)) for b, n in zip(buckets, row[len(columns) + 2:])]
+            values, count, total = list(row[: len(columns)]), int(row[len(columns)]), float(row[len(columns) + 1] or 0)
+            le = [(str(float(b)), int(n or 0)) for b, n in zip(buckets, row[len(columns) + 2 :])]
             h.add_metric(values, le + [("+Inf", count)], total)
         return h
 
@@ -115,7 +129,11 @@ def _registry(request: Request) -> CollectorRegistry:
     return registry
 
 
-@router.get("/metrics", summary="Prometheus metrics: runs by status and cluster, queue depth, durations",
-            response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics: runs by status and cluster, queue depth, durations",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+)
 def metrics(request: Request, _auth: ReadAuth) -> Response:
     return Response(generate_latest(_registry(request)), media_type=CONTENT_TYPE_LATEST)

@@ -10,8 +10,14 @@ from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAuth, SessionDep, WriteAuth
-from api.nightly_schemas import (MetricName, RegressionDetail, RegressionHistory, RegressionPage, RegressionRead,
-                                 RegressionStatus)
+from api.nightly_schemas import (
+    MetricName,
+    RegressionDetail,
+    RegressionHistory,
+    RegressionPage,
+    RegressionRead,
+    RegressionStatus,
+)
 from api.problems import PROBLEM_RESPONSES, found
 from api.schemas import decode_cursor, encode_cursor
 from core.regression import DEFAULT_METRICS, OPEN_STATES

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path as FsPath
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -11,12 +10,10 @@ from fastapi.responses import PlainTextResponse
 from api import etag
 from api.deps import ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, ProblemError, found
-from api.schemas import (RunDetail, RunPage, RunStatus, decode_cursor, encode_cursor, run_read, step_dict,
-                         summary_dict)
+from api.schemas import RunDetail, RunPage, RunStatus, decode_cursor, encode_cursor, run_read, step_dict, summary_dict
 from db import experiments as eq
 from db import runs as rq
 from db.models import Run
-from worker.launchers.base import LOG_FILE, log_tail
 
 router = APIRouter(tags=["runs"])
 RunId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Run id.")]
@@ -38,10 +35,12 @@ def list_runs(
     found(eq.get_experiment(session, experiment_id), "experiment", experiment_id)
     rows = eq.list_runs(session, experiment_id, limit=limit, after_id=decode_cursor(cursor), status=status)
     page, more = rows[:limit], len(rows) > limit
-    return RunPage(items=[run_read(r) for r in page], next_cursor=encode_cursor(page[-1].id) if more else None)
+    figures = eq.run_figures(session, [r.id for r in page])
+    return RunPage(items=[run_read(r, figures.get(r.id)) for r in page],
+                   next_cursor=encode_cursor(page[-1].id) if more else None)
 
 
-def _run_or_404(session, run_id: int) -> Run:  # noqa: ANN001
+def _run_or_404(session, run_id: int) -> Run:
     return found(rq.get_run(session, run_id), "run", run_id)
 
 
@@ -70,11 +69,16 @@ def get_steps(run_id: RunId, session: SessionDep, _auth: ReadAuth) -> Any:
 
 
 @router.get("/runs/{run_id}/log", response_class=PlainTextResponse, responses=PROBLEM_RESPONSES,
-            summary="Tail of the run's log.txt (merged stdout/stderr of the runner)")
+            summary="Tail of the run's log (the runner's merged stdout/stderr), from the store")
 def get_log(run_id: RunId, session: SessionDep, _auth: ReadAuth,
             tail_bytes: Annotated[int, Query(ge=1, le=1 << 20, description="Bytes from the end.")] = 65536,
             ) -> PlainTextResponse:
+    """The worker ships the log's tail (at most 1 MiB, the newest bytes) every few seconds while the run goes
+    on, and once more when it ends: headers say how big the whole log was and whether this is the final tail."""
     run = _run_or_404(session, run_id)
-    if not run.run_dir or not (FsPath(run.run_dir) / LOG_FILE).is_file():
+    stored = rq.get_log(session, run_id)
+    if stored is None:
         raise ProblemError(404, f"run {run_id} has no log yet (status {run.status})")
-    return PlainTextResponse(log_tail(run.run_dir, max_bytes=tail_bytes))
+    tail = stored.text.encode("utf-8")[-tail_bytes:].decode("utf-8", "ignore")
+    return PlainTextResponse(tail, headers={"X-Log-Bytes": str(stored.log_bytes),
+                                            "X-Log-Final": "true" if stored.final else "false"})

@@ -1,6 +1,6 @@
 """Suites: saved experiment templates on a cron schedule. Create, list, read, update, trigger now.
 
-The beat (worker/nightly.py) reads suites from the database every tick: a new or changed suite takes
+The scheduler's nightly tick (worker/nightly.py) reads suites from the database every tick: a new or changed suite takes
 effect without a restart. A trigger creates the experiment through the same path as a scheduled firing.
 """
 
@@ -18,7 +18,7 @@ from core.matrix import MatrixError
 from db import suites as q
 from db.models import utcnow
 from db.models_nightly import Suite
-from worker.nightly import fire_suite
+from worker.queue import dispatch_runs
 
 router = APIRouter(prefix="/suites", tags=["suites"])
 SuiteId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Suite id.")]
@@ -57,8 +57,14 @@ def create_suite(body: SuiteCreate, session: SessionDep, clusters: ClustersDep, 
     except q.SuiteError as exc:
         raise _problem(exc) from exc
     except MatrixError as exc:
-        raise ProblemError(422, "the suite's matrix has no valid point on its cluster", [FieldError(
-            field="spec", message=f"{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}") for p in exc.skipped]) from exc
+        raise ProblemError(
+            422,
+            "the suite's matrix has no valid point on its cluster",
+            [
+                FieldError(field="spec", message=f"{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}")
+                for p in exc.skipped
+            ],
+        ) from exc
     session.commit()
     response.headers["Location"] = f"/suites/{suite.id}"
     return suite_read(suite)
@@ -74,13 +80,23 @@ def get_suite(suite_id: SuiteId, session: SessionDep, _auth: ReadAuth) -> Any:
     return suite_read(_get_or_404(session, suite_id))
 
 
-@router.patch("/{suite_id}", response_model=SuiteRead, responses=PROBLEM_RESPONSES,
-              summary="Enable, disable, reschedule, or change thresholds (next firing recomputed)")
+@router.patch(
+    "/{suite_id}",
+    response_model=SuiteRead,
+    responses=PROBLEM_RESPONSES,
+    summary="Enable, disable, reschedule, or change thresholds (next firing recomputed)",
+)
 def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _auth: WriteAuth) -> Any:
     suite = _get_or_404(session, suite_id)
     try:
-        q.update_suite(session, suite, enabled=body.enabled, schedule=body.schedule, thresholds=body.thresholds,
-                       baseline_nights=body.baseline_nights)
+        q.update_suite(
+            session,
+            suite,
+            enabled=body.enabled,
+            schedule=body.schedule,
+            thresholds=body.thresholds,
+            baseline_nights=body.baseline_nights,
+        )
     except q.SuiteError as exc:
         session.rollback()
         raise _problem(exc) from exc
@@ -88,16 +104,39 @@ def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _aut
     return suite_read(suite)
 
 
-@router.post("/{suite_id}/trigger", status_code=201, response_model=TriggerRead, responses=PROBLEM_RESPONSES,
-             summary="Fire the suite now (its schedule is unchanged)")
-def trigger_suite(suite_id: SuiteId, session: SessionDep, celery: CeleryDep, clusters: ClustersDep,
-                  _auth: WriteAuth, response: Response) -> TriggerRead:
+@router.post(
+    "/{suite_id}/trigger",
+    status_code=201,
+    response_model=TriggerRead,
+    responses=PROBLEM_RESPONSES,
+    summary="Fire the suite now (its schedule is unchanged)",
+)
+def trigger_suite(
+    suite_id: SuiteId,
+    session: SessionDep,
+    celery: CeleryDep,
+    clusters: ClustersDep,
+    _auth: WriteAuth,
+    response: Response,
+) -> TriggerRead:
     suite = _get_or_404(session, suite_id)
-    fired = fire_suite(session, celery, suite, clusters, utcnow())
+    fired = q.fire_suite(session, suite, clusters, utcnow())
+    session.commit()
     if fired.experiment_id is None:
-        raise ProblemError(422, f"the suite could not fire: {fired.error}", [FieldError(
-            field="cluster" if (fired.error or "").startswith("cluster") else "spec", message=fired.error or "",
-            allowed=sorted(clusters) if (fired.error or "").startswith("cluster") else None)])
+        raise ProblemError(
+            422,
+            f"the suite could not fire: {fired.error}",
+            [
+                FieldError(
+                    field="cluster" if (fired.error or "").startswith("cluster") else "spec",
+                    message=fired.error or "",
+                    allowed=sorted(clusters) if (fired.error or "").startswith("cluster") else None,
+                )
+            ],
+        )
+    dispatched = dispatch_runs(session, celery, fired.run_ids).ok  # enqueue only after the commit
+    session.commit()
     response.headers["Location"] = f"/experiments/{fired.experiment_id}"
-    return TriggerRead(suite_id=suite.id, experiment_id=fired.experiment_id, num_runs=len(fired.run_ids),
-                       dispatched=fired.dispatched)
+    return TriggerRead(
+        suite_id=suite.id, experiment_id=fired.experiment_id, num_runs=len(fired.run_ids), dispatched=dispatched
+    )

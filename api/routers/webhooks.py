@@ -21,7 +21,9 @@ def create_webhook(body: WebhookCreate, session: SessionDep, _auth: WriteAuth, r
     try:
         hook = q.create_webhook(session, body.url, secret=body.secret, events=body.events, enabled=body.enabled)
     except q.WebhookError as exc:
-        raise ProblemError(422, str(exc), [FieldError(field=exc.field, message=exc.message, allowed=exc.allowed)]) from exc
+        raise ProblemError(
+            422, str(exc), [FieldError(field=exc.field, message=exc.message, allowed=exc.allowed)]
+        ) from exc
     session.commit()
     response.headers["Location"] = f"/webhooks/{hook.id}"
     return WebhookCreated.model_validate(hook, from_attributes=True)
@@ -32,9 +34,14 @@ def list_webhooks(session: SessionDep, _auth: ReadAuth) -> Any:
     return q.list_webhooks(session)
 
 
-@router.get("/{webhook_id}/deliveries", response_model=list[DeliveryRead], responses=PROBLEM_RESPONSES,
-            summary="Delivery log of a webhook, newest first (every attempt with its status code or error)")
-def list_deliveries(webhook_id: WebhookId, session: SessionDep, _auth: ReadAuth,
-                    limit: Annotated[int, Query(ge=1, le=500)] = 100) -> Any:
+@router.get(
+    "/{webhook_id}/deliveries",
+    response_model=list[DeliveryRead],
+    responses=PROBLEM_RESPONSES,
+    summary="Delivery log of a webhook, newest first (every attempt with its status code or error)",
+)
+def list_deliveries(
+    webhook_id: WebhookId, session: SessionDep, _auth: ReadAuth, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> Any:
     found(q.get_webhook(session, webhook_id), "webhook", webhook_id)
     return q.list_deliveries(session, webhook_id, limit)

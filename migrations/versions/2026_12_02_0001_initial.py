@@ -1,7 +1,7 @@
 """initial schema: experiments, runs, step_metrics, run_summaries, api_tokens
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-02 16:16:48.323470
 """
 

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     sbatch = ["sbatch", *slurm.sbatch_args(cluster, runs[0], args.run_id, run_dir), str(run_dir / slurm.SCRIPT_FILE)]
     print(f"$ {shlex.join(sbatch)}\n")
     print(f"$ cat {run_dir / slurm.SCRIPT_FILE}")
-    print(slurm.render_script(cluster, runs[0], args.run_id, run_dir, python=python, env=env, code_dir=code_dir), end="")
+    print(
+        slurm.render_script(cluster, runs[0], args.run_id, run_dir, python=python, env=env, code_dir=code_dir), end=""
+    )
     return 0
 
 

@@ -15,6 +15,7 @@ from db.runs import claim_run, mark_failed, record_result
 from db.session import session_scope
 from tests.db.helpers import add_experiment
 
+
 @pytest.fixture(autouse=True)
 def _fresh_fingerprints(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests change runs and look at once; the fingerprint reuse window is tested on its own."""
@@ -29,19 +30,36 @@ TPS = {("bf16", 1): 1000.0, ("bf16", 2): 1900.0, ("bf16", 4): 3600.0,
 def _result(run_key: str, tps: float, n: int, num_steps: int = 10, loss_offset: float = 0.0) -> RunResult:
     steps = [{"step": i, "loss": 6.0 - 0.01 * i + loss_offset, "step_ms": 100.0, "tokens": 512}
              for i in range(num_steps)]
-    summary = dict(num_timed_steps=num_steps, tokens_per_step=512, tokens_per_sec=tps, tokens_per_sec_per_device=tps / n,
-                   step_ms_median=100.0, step_ms_min=99.0, step_ms_max=101.0, flops_per_token=1000,
-                   tflops_per_device=0.1, mfu_vs_bf16_peak=0.4, peak_memory_allocated_gib=1.5 * n)
-    return RunResult.model_validate({"run_key": run_key, "status": "succeeded", "steps": steps, "summary": summary,
-                                     "numerics": {"final_loss": steps[-1]["loss"]}})
+    summary = dict(
+        num_timed_steps=num_steps,
+        tokens_per_step=512,
+        tokens_per_sec=tps,
+        tokens_per_sec_per_device=tps / n,
+        step_ms_median=100.0,
+        step_ms_min=99.0,
+        step_ms_max=101.0,
+        flops_per_token=1000,
+        tflops_per_device=0.1,
+        mfu_vs_bf16_peak=0.4,
+        peak_memory_allocated_gib=1.5 * n,
+    )
+    return RunResult.model_validate(
+        {
+            "run_key": run_key,
+            "status": "succeeded",
+            "steps": steps,
+            "summary": summary,
+            "numerics": {"final_loss": steps[-1]["loss"]},
+        }
+    )
 
 
-def _finish_all(factory: sessionmaker[Session], exp_id: int, fail_n: int | None = None,
-                num_steps: int = 10) -> None:
+def _finish_all(factory: sessionmaker[Session], exp_id: int, fail_n: int | None = None, num_steps: int = 10) -> None:
     """Every run of the experiment succeeded with TPS, except the N=fail_n runs (failed, oom)."""
     with session_scope(factory) as s:
-        rows = s.execute(sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"),
-                         {"e": exp_id}).all()
+        rows = s.execute(
+            sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"), {"e": exp_id}
+        ).all()
         for run_id, key, precision, n in rows:
             claim_run(s, run_id, "w", "h", 60)
             if n == fail_n:
@@ -50,7 +68,7 @@ def _finish_all(factory: sessionmaker[Session], exp_id: int, fail_n: int | None 
                 record_result(s, run_id, _result(key, TPS[(precision, n)], n, num_steps))
 
 
-def test_scaling_json_csv_png_and_one_query(client, pg_session_factory, pg_engine) -> None:  # noqa: ANN001
+def test_scaling_json_csv_png_and_one_query(client, pg_session_factory, pg_engine) -> None:
     with session_scope(pg_session_factory) as s:
         exp_id, _ = add_experiment(s)
     _finish_all(pg_session_factory, exp_id, fail_n=4)
@@ -88,7 +106,7 @@ def test_scaling_json_csv_png_and_one_query(client, pg_session_factory, pg_engin
     assert client.get("/experiments/999/scaling").status_code == 404
 
 
-def test_baseline_and_full_size(client, pg_session_factory) -> None:  # noqa: ANN001
+def test_baseline_and_full_size(client, pg_session_factory) -> None:
     with session_scope(pg_session_factory) as s:
         exp_id, _ = add_experiment(s)
     _finish_all(pg_session_factory, exp_id)
@@ -96,7 +114,10 @@ def test_baseline_and_full_size(client, pg_session_factory) -> None:  # noqa: AN
     bf16 = next(s for s in rep["series"] if s["key"]["precision"] == "bf16")
     assert bf16["baseline_num_devices"] == 2
     assert {p["num_devices"]: round(p["efficiency"], 6) for p in bf16["points"]} == {
-        1: round(1000 / 950, 6), 2: 1.0, 4: round(3600 / 3800, 6)}
+        1: round(1000 / 950, 6),
+        2: 1.0,
+        4: round(3600 / 3800, 6),
+    }
     # default full size: local-cpu has 4 devices; asked: 64 (an extrapolation, labelled)
     assert bf16["amdahl"]["prediction"]["num_devices"] == 4
     far = client.get(f"/experiments/{exp_id}/scaling?full_size=64").json()["series"][0]["usl"]["prediction"]
@@ -105,16 +126,22 @@ def test_baseline_and_full_size(client, pg_session_factory) -> None:  # noqa: AN
 
 def _status_change(factory: sessionmaker[Session], exp_id: int) -> None:
     with session_scope(factory) as s:
-        run_id = s.scalar(sa.text("SELECT min(id) FROM runs WHERE experiment_id = :e AND status = 'queued'"),
-                          {"e": exp_id})
+        run_id = s.scalar(
+            sa.text("SELECT min(id) FROM runs WHERE experiment_id = :e AND status = 'queued'"), {"e": exp_id}
+        )
         assert claim_run(s, run_id, "w", "h", 60)
 
 
-def test_etag_304_without_building_and_changes_with_status(client, pg_session_factory) -> None:  # noqa: ANN001
+def test_etag_304_without_building_and_changes_with_status(client, pg_session_factory) -> None:
     with session_scope(pg_session_factory) as s:
         exp_id, _ = add_experiment(s)
-    paths = [f"/experiments/{exp_id}", f"/experiments/{exp_id}/runs", f"/experiments/{exp_id}/scaling",
-             f"/experiments/{exp_id}/scaling?format=csv", f"/experiments/{exp_id}/losses"]
+    paths = [
+        f"/experiments/{exp_id}",
+        f"/experiments/{exp_id}/runs",
+        f"/experiments/{exp_id}/scaling",
+        f"/experiments/{exp_id}/scaling?format=csv",
+        f"/experiments/{exp_id}/losses",
+    ]
     tags = {}
     for p in paths:
         r = client.get(p)
@@ -142,7 +169,7 @@ def test_etag_304_without_building_and_changes_with_status(client, pg_session_fa
     assert client.get(f"/experiments/{exp_id}").json()["counts"]["running"] == 1
 
 
-def test_experiment_list_etag(client, pg_session_factory) -> None:  # noqa: ANN001
+def test_experiment_list_etag(client, pg_session_factory) -> None:
     with session_scope(pg_session_factory) as s:
         exp_id, _ = add_experiment(s)
     r = client.get("/experiments")
@@ -151,7 +178,7 @@ def test_experiment_list_etag(client, pg_session_factory) -> None:  # noqa: ANN0
     assert client.get("/experiments", headers={"If-None-Match": r.headers["etag"]}).status_code == 200
 
 
-def test_fingerprint_ignores_heartbeats_and_sees_cancel_requests(pg_session_factory) -> None:  # noqa: ANN001
+def test_fingerprint_ignores_heartbeats_and_sees_cancel_requests(pg_session_factory) -> None:
     from db.experiments import cancel_experiment
     from db.runs import heartbeat
 
@@ -171,7 +198,7 @@ def test_fingerprint_ignores_heartbeats_and_sees_cancel_requests(pg_session_fact
         assert aq.fingerprint(s, exp_id) != before
 
 
-def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:  # noqa: ANN001
+def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:
     with session_scope(pg_session_factory) as s:
         exp_id, _ = add_experiment(s, repeats=2)
     _finish_all(pg_session_factory, exp_id, num_steps=1001)
@@ -185,7 +212,7 @@ def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:  # noqa: ANN001
     assert small[0].steps == [0, 167, 334, 501, 668, 835, 1000]
 
 
-def test_compare_ratios_and_bad_ids(client, pg_session_factory) -> None:  # noqa: ANN001
+def test_compare_ratios_and_bad_ids(client, pg_session_factory) -> None:
     with session_scope(pg_session_factory) as s:
         a, _ = add_experiment(s)
         b, _ = add_experiment(s, precisions=["bf16"])
@@ -196,7 +223,10 @@ def test_compare_ratios_and_bad_ids(client, pg_session_factory) -> None:  # noqa
     body = r.json()
     assert [e["id"] for e in body["experiments"]] == [a, b] and body["reference_experiment_id"] == a
     assert sorted((x["precision"], x["num_devices"], x["ratio"]) for x in body["ratios"]) == [
-        ("bf16", 1, 1.0), ("bf16", 2, 1.0), ("bf16", 4, 1.0)]
+        ("bf16", 1, 1.0),
+        ("bf16", 2, 1.0),
+        ("bf16", 4, 1.0),
+    ]
     assert client.get(f"/compare?experiments={a},{b}", headers={"If-None-Match": r.headers["etag"]}).status_code == 304
     for bad in (f"{a},x", f"{a}", f"{a},{a}", "", f"{a},-1"):
         p = client.get(f"/compare?experiments={bad}")
@@ -206,7 +236,7 @@ def test_compare_ratios_and_bad_ids(client, pg_session_factory) -> None:  # noqa
     assert missing["errors"][0]["field"] == "query.experiments" and "9999" in missing["errors"][0]["message"]
 
 
-def test_cached_answer_is_rebuilt_when_a_run_ends(client, pg_session_factory) -> None:  # noqa: ANN001
+def test_cached_answer_is_rebuilt_when_a_run_ends(client, pg_session_factory) -> None:
     with session_scope(pg_session_factory) as s:
         exp_id, run_ids = add_experiment(s, precisions=["bf16"])
         claim_run(s, run_ids[0], "w", "h", 60)
@@ -222,10 +252,10 @@ def test_cached_answer_is_rebuilt_when_a_run_ends(client, pg_session_factory) ->
     assert after.json()["series"][0]["points"][0]["tokens_per_sec"] == 1000.0
 
 
-def test_cli_plot_writes_the_png(test_settings, pg_session_factory, tmp_path) -> None:  # noqa: ANN001
+def test_cli_plot_writes_the_png(test_settings, pg_session_factory, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from cli.main import app
     from tests.live_server import live_server
 
     with session_scope(pg_session_factory) as s:
@@ -241,7 +271,7 @@ def test_cli_plot_writes_the_png(test_settings, pg_session_factory, tmp_path) ->
     assert not (tmp_path / "x.png").exists()
 
 
-def test_fingerprint_reuse_window(client, pg_session_factory, monkeypatch) -> None:  # noqa: ANN001
+def test_fingerprint_reuse_window(client, pg_session_factory, monkeypatch) -> None:
     """Within SCALEBENCH_ETAG_TTL_S a poll reuses the process's fingerprint (no query); after it, the change shows."""
     monkeypatch.setenv("SCALEBENCH_ETAG_TTL_S", "0.5")
     with session_scope(pg_session_factory) as s:

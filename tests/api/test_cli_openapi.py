@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.cli import app as cli
+from cli.main import app as cli
 from db.models import ApiToken
 from db.tokens import hash_token
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -10,15 +13,14 @@ import sqlalchemy as sa
 
 from core.settings import Settings
 from db.models import Run
-from worker.celery_app import make_celery
-from worker.dispatch import dispatch_pending, publish_run
+from worker.queue import dispatch_pending, make_celery, publish_run
 
 BODY = {"name": "d", "model": "debug", "gpu_counts": [1, 2, 4], "precisions": ["bf16", "fp8-rowwise"], "repeats": 2,
         "steps": 4, "warmup_steps": 1}
 DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
 
-def _undispatched(factory) -> list[int]:  # noqa: ANN001
+def _undispatched(factory) -> list[int]:
     with factory() as s:
         return list(s.scalars(sa.select(Run.id).where(Run.dispatched_at.is_(None)).order_by(Run.id)))
 
@@ -30,7 +32,11 @@ def test_broker_down_stores_runs_then_dispatcher_publishes_each_once(make_client
     r = down.post("/experiments", json=BODY)
     assert r.status_code == 201 and time.monotonic() - t0 < 3.0  # a down broker fails fast
     body = r.json()
-    assert body["dispatched"] is False and "broker" in body["dispatch_message"] and "127.0.0.1:1" in body["dispatch_message"]
+    assert (
+        body["dispatched"] is False
+        and "broker" in body["dispatch_message"]
+        and "127.0.0.1:1" in body["dispatch_message"]
+    )
     run_ids = [x["id"] for x in body["runs"]]
     assert len(run_ids) == 12 and _undispatched(pg_session_factory) == run_ids
     assert all(x["status"] == "queued" for x in down.get(f"/experiments/{body['id']}/runs").json()["items"])
@@ -44,8 +50,9 @@ def test_broker_down_stores_runs_then_dispatcher_publishes_each_once(make_client
     assert _undispatched(pg_session_factory) == []
 
 
-def test_concurrent_dispatchers_publish_each_run_once(make_client, test_settings, pg_session_factory,
-                                                      redis_client, queued_messages):
+def test_concurrent_dispatchers_publish_each_run_once(
+    make_client, test_settings, pg_session_factory, redis_client, queued_messages
+):
     down = make_client(replace(test_settings, broker_url=DOWN))
     run_ids = [x["id"] for _ in range(3) for x in down.post("/experiments", json=BODY).json()["runs"]]
     published: list[int] = []
@@ -66,13 +73,16 @@ def test_concurrent_dispatchers_publish_each_run_once(make_client, test_settings
     assert sorted(args[0] for _, args in queued_messages("local-cpu")) == run_ids
 
 
-def test_background_dispatcher_loop_republishes(make_client, test_settings, pg_session_factory, redis_client):
+def test_scheduler_process_republishes(make_client, test_settings, pg_session_factory, redis_client, tmp_path):
+    """The scheduler (`python -m worker.scheduler`), not the API, publishes what a down broker left behind."""
     down = make_client(replace(test_settings, broker_url=DOWN))
     run_ids = [x["id"] for x in down.post("/experiments", json=BODY).json()["runs"]]
-    make_client(test_settings, dispatch_interval_s=0.1)  # an API process whose broker answers
-    deadline = time.monotonic() + 10
-    while _undispatched(pg_session_factory) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert _undispatched(pg_session_factory) == run_ids
+    env = os.environ | {"SCALEBENCH_DATABASE_URL": test_settings.database_url,
+                        "SCALEBENCH_BROKER_URL": test_settings.broker_url, "SCALEBENCH_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "worker.scheduler", "--once", "--nightly-interval-s", "3600"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert _undispatched(pg_session_factory) == [] and redis_client.llen("local-cpu") == len(run_ids)
 
 

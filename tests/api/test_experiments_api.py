@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from db.session import session_scope
 from db import runs as rq
+from db.session import session_scope
 
 BODY = {"name": "scaling", "model": "debug", "gpu_counts": [1, 2, 4, 8], "precisions": ["bf16", "fp8-tensorwise"],
         "layouts": ["fsdp", "tp=2+fsdp"], "steps": 4, "warmup_steps": 1, "tags": ["nightly"]}
@@ -18,7 +18,11 @@ def test_post_creates_runs_and_publishes_one_message_per_run(client, queued_mess
     run_ids = [x["id"] for x in body["runs"]]
     # 2 precisions x (fsdp at 1, 2, 4 + tp=2+fsdp at 2, 4); N=8 exceeds local-cpu, tp=2 does not divide N=1
     assert len(run_ids) == 10 and body["num_runs"] == 10 and body["dispatched"] is True
-    assert {(s["layout"], s["num_devices"]) for s in body["skipped"]} == {("fsdp", 8), ("tp=2+fsdp", 8), ("tp=2+fsdp", 1)}
+    assert {(s["layout"], s["num_devices"]) for s in body["skipped"]} == {
+        ("fsdp", 8),
+        ("tp=2+fsdp", 8),
+        ("tp=2+fsdp", 1),
+    }
     assert "exceeds cluster 'local-cpu' size" in body["skipped"][0]["reason"]
     assert redis_client.llen("local-cpu") == 10
     assert sorted(queued_messages("local-cpu")) == sorted(("scalebench.execute_run", [i]) for i in run_ids)
@@ -49,15 +53,19 @@ def test_matrix_without_valid_point_is_422_naming_every_reason(client, redis_cli
 
 
 def test_validation_errors_name_fields_and_allowed_values(client):
-    r = client.post("/experiments", json=BODY | {"precisions": ["fp9"], "model": "huge", "colour": 1,
-                                                 "layouts": ["zigzag"], "gpu_counts": [0]})
+    r = client.post(
+        "/experiments",
+        json=BODY | {"precisions": ["fp9"], "model": "huge", "colour": 1, "layouts": ["zigzag"], "gpu_counts": [0]},
+    )
     assert r.status_code == 422 and r.headers["content-type"] == PROBLEM
     errors = {e["field"]: e for e in r.json()["errors"]}
     assert "fp8-rowwise" in errors["precisions[0]"]["allowed"] and "8b" in errors["model"]["allowed"]
     assert "gpu_counts" in errors["colour"]["allowed"] and "gpu_counts[0]" in errors
     assert "tp=T+fsdp" in errors["layouts"]["allowed"]
     r = client.post("/experiments", json=BODY | {"cluster": "mi300x-pod"})
-    assert r.json()["errors"] == [{"field": "cluster", "message": "unknown cluster 'mi300x-pod'", "allowed": ["local-cpu"]}]
+    assert r.json()["errors"] == [
+        {"field": "cluster", "message": "unknown cluster 'mi300x-pod'", "allowed": ["local-cpu"]}
+    ]
     r = client.post("/experiments", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "body"
     assert "JSON decode error" in r.json()["errors"][0]["message"]
@@ -88,7 +96,9 @@ def test_idempotency_key_replays_or_conflicts(client, redis_client):
     a = client.post("/experiments", json=BODY, headers=key)
     b = client.post("/experiments", json=BODY, headers=key)
     assert a.status_code == b.status_code == 201 and b.headers["idempotent-replayed"] == "true"
-    assert a.json()["id"] == b.json()["id"] and [r["id"] for r in a.json()["runs"]] == [r["id"] for r in b.json()["runs"]]
+    assert a.json()["id"] == b.json()["id"] and [r["id"] for r in a.json()["runs"]] == [
+        r["id"] for r in b.json()["runs"]
+    ]
     assert redis_client.llen("local-cpu") == 10  # the replay published nothing
     c = client.post("/experiments", json=BODY | {"name": "other"}, headers=key)
     assert c.status_code == 409 and c.json()["errors"][0]["field"] == "header.Idempotency-Key"
@@ -105,7 +115,9 @@ def test_list_pagination_and_filters(client):
             break
     assert seen == ids[::-1]
     assert [e["id"] for e in client.get("/experiments", params={"tag": "t1"}).json()["items"]] == [ids[3], ids[1]]
-    assert client.get("/experiments", params={"status": "queued", "cluster": "local-cpu"}).json()["items"].__len__() == 5
+    assert (
+        client.get("/experiments", params={"status": "queued", "cluster": "local-cpu"}).json()["items"].__len__() == 5
+    )
     assert client.get("/experiments", params={"status": "succeeded"}).json()["items"] == []
     bad = client.get("/experiments", params={"cursor": "garbage"})
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "query.cursor"
@@ -133,8 +145,11 @@ def test_not_found_is_a_problem(client):
 
 
 def test_unknown_field_lists_the_fields_of_the_model_it_was_sent_to(client) -> None:
-    body = {"name": "s", "shedule": "0 2 * * *", "spec": {"name": "e", "model": "debug", "gpu_counts": [1],
-                                                          "precisions": ["bf16"], "colour": "red"}}
+    body = {
+        "name": "s",
+        "shedule": "0 2 * * *",
+        "spec": {"name": "e", "model": "debug", "gpu_counts": [1], "precisions": ["bf16"], "colour": "red"},
+    }
     errors = {e["field"]: e for e in client.post("/suites", json=body).json()["errors"]}
     assert "schedule" in errors["shedule"]["allowed"] and "gpu_counts" not in errors["shedule"]["allowed"]
     assert "gpu_counts" in errors["spec.colour"]["allowed"]

@@ -22,7 +22,7 @@ MAX_EXAMPLES = 40  # per operation and mode; ~30 s in all on 2 cores
 MAX_RESPONSE_S = 5.0
 
 _settings = Settings(database_url=TEST_DATABASE_URL, broker_url=TEST_REDIS_URL)
-APP = create_app(_settings, dispatch_interval_s=None)
+APP = create_app(_settings)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
                                 max_examples=MAX_EXAMPLES, allow_x00=True, no_shrink=False)

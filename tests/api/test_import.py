@@ -37,7 +37,7 @@ def _point(technique: str, n: int, precision: str) -> dict:
                                                     "torchao_version": "0.8.0+giteab345c"}}
 
 
-def _import(client, name: str, points: list[dict], compile: bool) -> dict:  # noqa: ANN001
+def _import(client, name: str, points: list[dict], compile: bool) -> dict:
     body = {"name": name, "model": "8b", "cluster": "grand-teton-h100", "vendor": "nvidia", "device_name": DEVICE,
             "scaling": "weak", "seq_len": 8192, "local_batch_size": 2, "compile": compile,
             "activation_checkpointing": "full", "tags": ["torchtitan-docs"], "points": points}
@@ -46,7 +46,7 @@ def _import(client, name: str, points: list[dict], compile: bool) -> dict:  # no
     return r.json()
 
 
-def test_torchtitan_published_table_reproduces_efficiency_and_speedup(client) -> None:  # noqa: ANN001
+def test_torchtitan_published_table_reproduces_efficiency_and_speedup(client) -> None:
     eager = _import(client, "torchtitan FSDP eager", [_point("eager", n, "bf16") for n in (8, 128)], False)
     compiled = _import(client, "torchtitan FSDP compile (+Float8)",
                        [_point(t, n, p) for t, p in (("compile", "bf16"), ("float8", "fp8-tensorwise"))
@@ -78,7 +78,7 @@ def test_torchtitan_published_table_reproduces_efficiency_and_speedup(client) ->
     assert ratio == pytest.approx({8: 6667 / 5762, 128: 6514 / 5605}, abs=1e-4)
 
 
-def r_ok(r):  # noqa: ANN001, ANN201
+def r_ok(r):
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -86,7 +86,7 @@ def r_ok(r):  # noqa: ANN001, ANN201
 BASE = {"name": "imp", "model": "debug", "cluster": "local-cpu", "scaling": "weak", "seq_len": 256}
 
 
-def _problem(client, body: dict) -> dict:  # noqa: ANN001
+def _problem(client, body: dict) -> dict:
     r = client.post("/experiments/import", json=body)
     assert r.status_code == 422, r.text
     assert r.headers["content-type"].startswith("application/problem+json")
@@ -97,7 +97,7 @@ def _fields(problem: dict) -> dict[str, dict]:
     return {e["field"]: e for e in problem["errors"]}
 
 
-def test_validation_names_the_fields(client) -> None:  # noqa: ANN001
+def test_validation_names_the_fields(client) -> None:
     ok = {"num_devices": 2, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
     bad_precision = _fields(_problem(client, BASE | {"points": [ok | {"precision": "fp4"}]}))
     assert "bf16" in bad_precision["points[0].precision"]["allowed"]
@@ -117,17 +117,27 @@ def test_validation_names_the_fields(client) -> None:  # noqa: ANN001
     assert "points[0].layout" in layout_form
 
 
-def test_writes_need_the_token(anon_client) -> None:  # noqa: ANN001
+def test_writes_need_the_token(anon_client) -> None:
     ok = {"num_devices": 1, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
     r = anon_client.post("/experiments/import", json=BASE | {"points": [ok]})
     assert r.status_code == 401
     assert r.json()["errors"][0]["field"] == "header.Authorization"
 
 
-def test_unknown_device_has_no_mfu_and_loss_curves_are_thinned(client) -> None:  # noqa: ANN001
+def test_unknown_device_has_no_mfu_and_loss_curves_are_thinned(client) -> None:
     curve = [5.0 - i * 1e-3 for i in range(1000)]
-    points = [{"num_devices": n, "precision": p, "layout": "fsdp", "tokens_per_sec": 1000.0 * n * (1.2 if p != "bf16" else 1),
-               "loss_curve": curve, "step_ms": 50.0} for n in (1, 2) for p in ("bf16", "fp8-rowwise")]
+    points = [
+        {
+            "num_devices": n,
+            "precision": p,
+            "layout": "fsdp",
+            "tokens_per_sec": 1000.0 * n * (1.2 if p != "bf16" else 1),
+            "loss_curve": curve,
+            "step_ms": 50.0,
+        }
+        for n in (1, 2)
+        for p in ("bf16", "fp8-rowwise")
+    ]
     exp = _import_raw(client, BASE | {"points": points})
     rep = r_ok(client.get(f"/experiments/{exp['id']}/scaling"))
     pt = rep["series"][0]["points"][0]
@@ -144,7 +154,7 @@ def test_unknown_device_has_no_mfu_and_loss_curves_are_thinned(client) -> None: 
     assert all(len(c["steps"]) <= 50 for c in only_2["curves"])
 
 
-def _import_raw(client, body: dict) -> dict:  # noqa: ANN001
+def _import_raw(client, body: dict) -> dict:
     r = client.post("/experiments/import", json=body)
     assert r.status_code == 201, r.text
     assert r.headers["location"] == f"/experiments/{r.json()['id']}"

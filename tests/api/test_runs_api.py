@@ -41,10 +41,21 @@ def test_log_tail_or_404(client, pg_session_factory, tmp_path):
     with session_scope(pg_session_factory) as s:
         rq.claim_run(s, ids[0], "w", "h", 30)
         rq.update_launch(s, ids[0], run_dir=str(tmp_path))
-    assert client.get(f"/runs/{ids[0]}/log").status_code == 404  # run dir, but no log.txt yet
-    (tmp_path / "log.txt").write_text("".join(f"step {i} loss 3.0\n" for i in range(1000)))
+    (tmp_path / "log.txt").write_text("step 0\n")  # a log on a disk the API does not read
+    assert client.get(f"/runs/{ids[0]}/log").status_code == 404  # nothing shipped to the store yet
+    log = "".join(f"step {i} loss 3.0\n" for i in range(1000)).encode()
+    with session_scope(pg_session_factory) as s:
+        rq.store_log(s, ids[0], log, len(log))
     r = client.get(f"/runs/{ids[0]}/log", params={"tail_bytes": 100})
     assert r.status_code == 200 and r.text.endswith("step 999 loss 3.0\n") and len(r.text) == 100
+    assert r.headers["X-Log-Bytes"] == str(len(log)) and r.headers["X-Log-Final"] == "false"
+    big = b"x" * (rq.LOG_STORE_MAX_BYTES + 10) + b"\x00end\n"  # capped at the newest bytes; NUL made text-safe
+    with session_scope(pg_session_factory) as s:
+        rq.store_log(s, ids[0], big, len(big), final=True)
+        rq.store_log(s, ids[0], b"late live tail", 14)  # never replaces the final tail
+    r = client.get(f"/runs/{ids[0]}/log", params={"tail_bytes": 1 << 20})
+    assert r.text.endswith("\ufffdend\n") and r.headers["X-Log-Final"] == "true"
+    assert r.headers["X-Log-Bytes"] == str(len(big))
 
 
 def test_clusters_lists_local_cpu_and_configured(make_client, test_settings, tmp_path):

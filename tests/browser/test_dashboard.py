@@ -35,7 +35,7 @@ def server(test_settings: Settings, api_token: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def browser_page():  # noqa: ANN201
+def browser_page():
     if not CHROMIUM.exists():
         pytest.skip("Debian chromium is not installed at /usr/bin/chromium (scripts/test-deps.sh installs it as root)")
     from playwright.sync_api import sync_playwright
@@ -50,7 +50,7 @@ def browser_page():  # noqa: ANN201
         browser.close()
 
 
-def _live_experiment(factory) -> tuple[int, dict[tuple[str, int], int]]:  # noqa: ANN001
+def _live_experiment(factory) -> tuple[int, dict[tuple[str, int], int]]:
     """debug model, bf16 + fp8-tensorwise at N = 1, 2, 4: four succeeded, bf16 N=4 failed, fp8 N=4 queued."""
     with session_scope(factory) as s:
         exp_id, _ = add_experiment(s, name="live fp8 scaling")
@@ -85,11 +85,11 @@ def _import_published(base: str, token: str) -> list[int]:
     return out
 
 
-def _attr(page, selector: str, name: str) -> str:  # noqa: ANN001
+def _attr(page, selector: str, name: str) -> str:
     return page.get_attribute(selector, name)
 
 
-def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_session_factory, browser_page) -> None:  # noqa: ANN001
+def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_session_factory, browser_page) -> None:
     page, errors = browser_page
     eager_id, compiled_id = _import_published(server, api_token)
     exp_id, run_ids = _live_experiment(pg_session_factory)

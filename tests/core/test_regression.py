@@ -9,8 +9,16 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from core.regression import (DEFAULT_METRICS, OPEN_STATES, MetricConfig, NightlyValue, environment_diff, evaluate,
-                             fp8_loss_gap, robust_sigma)
+from core.regression import (
+    DEFAULT_METRICS,
+    OPEN_STATES,
+    MetricConfig,
+    NightlyValue,
+    environment_diff,
+    evaluate,
+    fp8_loss_gap,
+    robust_sigma,
+)
 
 T0 = datetime(2025, 1, 1, 2, 0)
 TPS = DEFAULT_METRICS["tokens_per_sec"]

@@ -202,24 +202,29 @@ def test_prediction_at_cluster_full_size_is_labelled(full_n, extrapolated):
 
 def test_json_round_trip_and_csv_rows():
     runs = [run(n, 100.0 * n * (1 - 0.01 * i)) for i, n in enumerate((8, 16, 32))]
-    runs += [run(n, 115.0 * n, precision="fp8-rowwise") for n in (8, 16)] + [run(32, None, "fp8-rowwise", status="failed")]
+    runs += [run(n, 115.0 * n, precision="fp8-rowwise") for n in (8, 16)]
+    runs += [run(32, None, "fp8-rowwise", status="failed")]
     r = build_report(runs)
     assert ScalingReport.model_validate_json(r.model_dump_json()) == r
     rows = to_csv_rows(r)
     assert len(rows) == 6 and all(tuple(row) == CSV_COLUMNS for row in rows)
     failed = [row for row in rows if row["status"] == "failed"]
-    assert failed == [{**failed[0], "precision": "fp8-rowwise", "num_devices": 32, "flags": "failed",
-                       "tokens_per_sec": None}]
+    assert failed == [
+        {**failed[0], "precision": "fp8-rowwise", "num_devices": 32, "flags": "failed", "tokens_per_sec": None}
+    ]
     text = to_csv(r)
     assert text.splitlines()[0] == ",".join(CSV_COLUMNS) and len(text.splitlines()) == 7
 
 
 def test_two_thousand_runs_is_fast():
     rng = random.Random(0)
-    runs = [run(n, 100.0 * n * rng.uniform(0.97, 1.03), precision=p, layout=lay)
-            for p in ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")
-            for lay in ("fsdp", "hsdp:shard=8", "tp=2+fsdp", "ddp", "tp=4+fsdp")
-            for n in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) for _ in range(10)]
+    runs = [
+        run(n, 100.0 * n * rng.uniform(0.97, 1.03), precision=p, layout=lay)
+        for p in ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")
+        for lay in ("fsdp", "hsdp:shard=8", "tp=2+fsdp", "ddp", "tp=4+fsdp")
+        for n in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+        for _ in range(10)
+    ]
     assert len(runs) == 2000
     t0 = time.perf_counter()
     r = build_report(runs, full_size_by_cluster={"h200": 8192})

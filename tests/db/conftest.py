@@ -8,7 +8,7 @@ from db.session import make_engine, make_session_factory
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
-def factory(request):  # noqa: ANN001, ANN201
+def factory(request):
     if request.param == "postgresql":
         yield request.getfixturevalue("pg_session_factory")
         return

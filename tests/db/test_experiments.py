@@ -21,18 +21,30 @@ def test_create_stores_runs_in_matrix_order(factory):
     with factory() as s:
         runs = q.list_runs(s, exp_id)
         assert [r.id for r in runs] == ids and len(ids) == 12
-        assert [(r.precision, r.num_devices, r.repeat) for r in runs[:3]] == [("bf16", 1, 0), ("bf16", 1, 1), ("bf16", 2, 0)]
+        assert [(r.precision, r.num_devices, r.repeat) for r in runs[:3]] == [
+            ("bf16", 1, 0),
+            ("bf16", 1, 1),
+            ("bf16", 2, 0),
+        ]
         assert all(r.status == "queued" and r.dispatched_at is None and r.queue == "local-cpu" for r in runs)
         assert runs[0].run_key == runs[1].run_key != runs[2].run_key  # repeats share the key
         assert runs[0].spec["degrees"]["world_size"] == 1
 
 
-@pytest.mark.parametrize("counts,expected", [
-    ({}, "queued"), ({"queued": 3}, "queued"), ({"queued": 2, "running": 1}, "running"),
-    ({"queued": 1, "succeeded": 1}, "running"), ({"pending": 1}, "running"), ({"succeeded": 3}, "succeeded"),
-    ({"succeeded": 2, "failed": 1}, "failed"), ({"succeeded": 1, "cancelled": 1}, "cancelled"),
-    ({"cancelled": 1, "failed": 1}, "failed"),
-])
+@pytest.mark.parametrize(
+    "counts,expected",
+    [
+        ({}, "queued"),
+        ({"queued": 3}, "queued"),
+        ({"queued": 2, "running": 1}, "running"),
+        ({"queued": 1, "succeeded": 1}, "running"),
+        ({"pending": 1}, "running"),
+        ({"succeeded": 3}, "succeeded"),
+        ({"succeeded": 2, "failed": 1}, "failed"),
+        ({"succeeded": 1, "cancelled": 1}, "cancelled"),
+        ({"cancelled": 1, "failed": 1}, "failed"),
+    ],
+)
 def test_derive_status(counts, expected):
     assert q.derive_status(counts) == expected
 

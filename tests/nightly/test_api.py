@@ -81,7 +81,10 @@ def test_regressions_list_filter_history_acknowledge_resolve(client, anon_client
     assert [(i["status"], i["point"]["precision"]) for i in items] == [("confirmed", "bf16")] * 2
     assert anon_client.get("/regressions", params={"status": "suspected"}).json()["items"] == []
     assert anon_client.get("/regressions", params={"suite": suite.id + 1}).json()["items"] == []
-    assert len(anon_client.get("/regressions", params={"open": True, "since": "2026-11-01T00:00:00Z"}).json()["items"]) == 2
+    assert (
+        len(anon_client.get("/regressions", params={"open": True, "since": "2026-11-01T00:00:00Z"}).json()["items"])
+        == 2
+    )
     assert anon_client.get("/regressions", params={"since": "2027-01-01T00:00:00Z"}).json()["items"] == []
     bad = anon_client.get("/regressions", params={"metric": "speed"})
     assert bad.status_code == 422 and "tokens_per_sec" in bad.json()["errors"][0]["allowed"]
@@ -110,7 +113,9 @@ def test_regressions_list_filter_history_acknowledge_resolve(client, anon_client
             evaluate_finished(pg_session_factory, T0 + timedelta(days=i, hours=1))
     rows = anon_client.get("/regressions", params={"metric": "peak_memory_allocated_gib"}).json()["items"]
     assert sorted((r["id"] == rid, r["status"], r["num_bad_nights"]) for r in rows) == [
-        (False, "confirmed", 4), (True, "confirmed", 2)]
+        (False, "confirmed", 4),
+        (True, "confirmed", 2),
+    ]
 
     deliveries = client.get(f"/webhooks/{hook['id']}/deliveries").json()
     assert {d["event"] for d in deliveries} == {"regression.confirmed"} and len(deliveries) == 2

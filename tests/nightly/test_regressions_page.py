@@ -15,7 +15,7 @@ from worker.nightly import evaluate_finished
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-def _seed(factory) -> None:  # noqa: ANN001
+def _seed(factory) -> None:
     base = noisy(seed=5)
 
     def values(night, spec):

@@ -137,7 +137,7 @@ def test_beat_entry_point_fires_from_a_separate_process(pg_session_factory, pg_u
         make_suite(s, now=DAY1)  # due since DAY1 02:00, in the real clock's past
     env = os.environ | {"SCALEBENCH_DATABASE_URL": pg_url, "SCALEBENCH_BROKER_URL": redis_url,
                         "SCALEBENCH_DATA_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "worker.nightly", "--once"], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "worker.scheduler", "--once"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     with pg_session_factory() as s:

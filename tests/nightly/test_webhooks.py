@@ -28,7 +28,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:  # http.server names the method
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.requests.append((dict(self.headers), body))
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
@@ -65,9 +65,12 @@ def _enqueue(factory, url: str) -> int:
     with factory() as s:
         create_webhook(s, url, secret=SECRET, events=["regression.confirmed"])
         create_webhook(s, url, secret=SECRET, events=["regression.recovered"])  # not subscribed: no delivery
-        [delivery_id] = enqueue_event(s, "regression.confirmed",
-                                      {"event": "regression.confirmed", "regression": {"id": 7, "metric": "tokens_per_sec"}},
-                                      now=NOW)
+        [delivery_id] = enqueue_event(
+            s,
+            "regression.confirmed",
+            {"event": "regression.confirmed", "regression": {"id": 7, "metric": "tokens_per_sec"}},
+            now=NOW,
+        )
         s.commit()
     return delivery_id
 

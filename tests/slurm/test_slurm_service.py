@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from core import procs
 from core.settings import Settings
-from worker import procs
 from worker.launchers.base import LaunchHandle
 
 from ..worker.conftest import WorkerProc, wait_until
@@ -61,7 +61,7 @@ extra_args = ["--overcommit"]
 class Service:
     """The API client, the worker environment and the Slurm side of one test."""
 
-    def __init__(self, tmp: Path, api, env: dict[str, str]):  # noqa: ANN001
+    def __init__(self, tmp: Path, api, env: dict[str, str]):
         self.tmp, self.api, self.env = tmp, api, env
         self.workers: list[WorkerProc] = []
 
@@ -78,7 +78,7 @@ class Service:
         worker.wait_ready()
         return worker
 
-    def submit(self, **spec) -> list[int]:  # noqa: ANN003
+    def submit(self, **spec) -> list[int]:
         body = {"name": "slurm service test", "cluster": CLUSTER, "gpu_counts": [2]} | TINY | spec
         response = self.api.post("/experiments", json=body)
         assert response.status_code == 201, response.text
@@ -117,15 +117,15 @@ class Service:
         return found
 
     def reap_once(self) -> str:
-        """One pass of the real scheduler's reaper (`python -m worker.reaper --once`)."""
-        proc = subprocess.run([sys.executable, "-m", "worker.reaper", "--once"], cwd=REPO, env=self.env,
+        """One pass of the real scheduler's reaper (`python -m worker.scheduler --once`)."""
+        proc = subprocess.run([sys.executable, "-m", "worker.scheduler", "--once"], cwd=REPO, env=self.env,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
 
 
 @pytest.fixture
-def service(slurm_up, tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client,  # noqa: ANN001
+def service(slurm_up, tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client,
             make_client) -> Iterator[Service]:
     clusters = tmp_path / "clusters.toml"
     clusters.write_text(CLUSTERS_TOML.format(name=CLUSTER, shared_dir=tmp_path / "runs"))

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from core import procs
 from core.settings import Settings
 from db.models import Run
-from worker import procs
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S, LEASE_S = 1.0, 4.0
@@ -85,7 +85,7 @@ class Cell:
 
 
 @pytest.fixture
-def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Cell:  # noqa: ANN001
+def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Cell:
     name = f"t-{uuid.uuid4().hex[:8]}"
     clusters = tmp_path / "clusters.toml"
     clusters.write_text(f'[[cluster]]\nname = "{name}"\nvendor = "cpu"\ndevice_name = "cpu (gloo ranks)"\n'
@@ -134,12 +134,38 @@ def start_worker(cell: Cell) -> Iterator[Callable[..., WorkerProc]]:
 
     def start(env_extra: dict[str, str] | None = None, env: dict[str, str] | None = None) -> WorkerProc:
         log_path = cell.tmp / f"worker-{len(workers)}.log"
-        cmd = [sys.executable, "-m", "celery", "-A", "worker.main:app", "worker", "-n", f"{cell.name}-{len(workers)}@%h",
-               "-Q", cell.name, "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
-               "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.main:app",
+            "worker",
+            "-n",
+            f"{cell.name}-{len(workers)}@%h",
+            "-Q",
+            cell.name,
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "--prefetch-multiplier",
+            "1",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+        ]
         with log_path.open("ab") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=(env or cell.env) | (env_extra or {}), stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=(env or cell.env) | (env_extra or {}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         w = WorkerProc(proc, log_path)
         workers.append(w)
         w.wait_ready()
@@ -161,12 +187,12 @@ def _names(pid: int, tmp: Path) -> bool:
 
 
 @pytest.fixture
-def api(make_client, cell: Cell):  # noqa: ANN001, ANN201
+def api(make_client, cell: Cell):
     """A TestClient of the real app on the cell's settings (shares the test database and Redis)."""
     return make_client(settings=cell.settings)
 
 
-def submit(api, cell: Cell, **spec: Any) -> tuple[int, list[int]]:  # noqa: ANN001
+def submit(api, cell: Cell, **spec: Any) -> tuple[int, list[int]]:
     body = {"name": "worker test", "cluster": cell.name, "precisions": ["bf16"], "gpu_counts": [1]} | TINY | spec
     response = api.post("/experiments", json=body)
     assert response.status_code == 201, response.text
@@ -176,8 +202,14 @@ def submit(api, cell: Cell, **spec: Any) -> tuple[int, list[int]]:  # noqa: ANN0
 
 
 def run_reaper_once(cell: Cell) -> str:
-    """One pass of the real scheduler process (`python -m worker.reaper --once`)."""
-    proc = subprocess.run([sys.executable, "-m", "worker.reaper", "--once"], cwd=REPO, env=cell.env,
-                          capture_output=True, text=True, timeout=60)
+    """One pass of the real scheduler process (`python -m worker.scheduler --once`)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker.scheduler", "--once"],
+        cwd=REPO,
+        env=cell.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stderr

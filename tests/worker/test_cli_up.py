@@ -15,10 +15,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from api.cli import app
-from api.cli_client import format_problem
+from cli.client import format_problem
+from cli.main import app
+from core import procs
 from tests.worker.conftest import REPO, TINY, wait_until
-from worker import procs
 
 runner = CliRunner()
 
@@ -29,7 +29,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_problem_details_are_shown_field_by_field(client) -> None:  # noqa: ANN001
+def test_problem_details_are_shown_field_by_field(client) -> None:
     response = client.post("/experiments", json={"name": "x", "model": "debug", "gpu_counts": [0],
                                                  "precisions": ["fp9"], "layouts": ["bad"]})
     text = format_problem(response)
@@ -67,7 +67,7 @@ def test_up_runs_an_experiment_end_to_end_and_stops_cleanly(tmp_path: Path) -> N
         "DATABASE_URL", "REDIS_URL", "SCALEBENCH_DATABASE_URL", "SCALEBENCH_BROKER_URL", "SCALEBENCH_CLUSTERS_FILE")}
     port = _free_port()
     env |= {"SCALEBENCH_DATA_DIR": str(tmp_path / "data"), "SCALEBENCH_URL": f"http://127.0.0.1:{port}"}
-    cli = [sys.executable, "-m", "api.cli"]
+    cli = [sys.executable, "-m", "cli.main"]
     with (tmp_path / "up.log").open("wb") as out:
         up = subprocess.Popen([*cli, "up", "--port", str(port)], cwd=REPO, env=env, stdout=out,
                               stderr=subprocess.STDOUT, start_new_session=True)

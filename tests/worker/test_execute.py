@@ -10,8 +10,8 @@ import sqlalchemy as sa
 
 from db.models import Run, RunSummary, StepMetric
 from tests.worker.conftest import LONG, TINY, submit, wait_until
-from worker.dispatch import publish_run
 from worker.launchers.base import LaunchHandle
+from worker.queue import publish_run
 
 pytestmark = pytest.mark.slow
 

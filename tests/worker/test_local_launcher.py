@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from core import procs
 from core.clusters import LOCAL_CPU
 from core.matrix import expand
 from core.specs import ExperimentSpec, RunSpec
 from tests.worker.conftest import TINY, wait_until
-from worker import procs
 from worker.launchers.base import LaunchHandle
 from worker.launchers.local import LocalLauncher, outcome_from_run_dir
 
 
-def _spec(**overrides) -> RunSpec:  # noqa: ANN003
+def _spec(**overrides) -> RunSpec:
     body = {"name": "launcher test", "precisions": ["bf16"], "gpu_counts": [2]} | TINY
     runs, _ = expand(ExperimentSpec(**body), LOCAL_CPU)
     return runs[0].model_copy(update=overrides)

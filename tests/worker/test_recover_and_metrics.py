@@ -19,18 +19,20 @@ from worker.reaper import reap_once, recover_finished_runs
 from worker.runtime import Runtime
 
 
-def _runtime(test_settings, pg_engine, pg_session_factory) -> Runtime:  # noqa: ANN001
+def _runtime(test_settings, pg_engine, pg_session_factory) -> Runtime:
     return Runtime(settings=test_settings, clusters=load_clusters(None), engine=pg_engine,
                    session_factory=pg_session_factory, pid=os.getpid())
 
 
-def _claim(sf, run_id: int, worker: str, run_dir: str) -> None:  # noqa: ANN001
+def _claim(sf, run_id: int, worker: str, run_dir: str) -> None:
     with session_scope(sf) as s:
         assert db_runs.claim_run(s, run_id, worker, socket.gethostname(), lease_s=60)
         db_runs.update_launch(s, run_id, run_dir=run_dir)
 
 
-def test_recover_records_a_finished_run_dir_of_a_dead_worker(test_settings, pg_engine, pg_session_factory, tmp_path) -> None:
+def test_recover_records_a_finished_run_dir_of_a_dead_worker(
+    test_settings, pg_engine, pg_session_factory, tmp_path
+) -> None:
     rt = _runtime(test_settings, pg_engine, pg_session_factory)
     with pg_session_factory() as s:
         _, (dead_id, alive_id, *_rest) = add_experiment(s)
@@ -47,14 +49,17 @@ def test_recover_records_a_finished_run_dir_of_a_dead_worker(test_settings, pg_e
         assert s.get(Run, alive_id).status == "running"
 
 
-def test_reaper_requeues_expired_leases_then_fails_them_as_worker_lost(test_settings, pg_engine, pg_session_factory) -> None:
+def test_reaper_requeues_expired_leases_then_fails_them_as_worker_lost(
+    test_settings, pg_engine, pg_session_factory
+) -> None:
     rt = _runtime(test_settings, pg_engine, pg_session_factory)  # max_infra_retries 2 -> 3 attempts
     with pg_session_factory() as s:
         _, (run_id, *_rest) = add_experiment(s)
     for attempt in (1, 2, 3):
         with session_scope(pg_session_factory) as s:
-            assert db_runs.claim_run(s, run_id, "elsewhere:1", "elsewhere", lease_s=60,
-                                     now=utcnow() - timedelta(seconds=120))  # lease expired a minute ago
+            assert db_runs.claim_run(
+                s, run_id, "elsewhere:1", "elsewhere", lease_s=60, now=utcnow() - timedelta(seconds=120)
+            )  # lease expired a minute ago
         out = reap_once(rt)  # no Celery app: nothing published
         expected = {"requeued": [run_id], "failed": []} if attempt < 3 else {"requeued": [], "failed": [run_id]}
         assert {k: out[k] for k in ("requeued", "failed")} == expected
@@ -64,8 +69,11 @@ def test_reaper_requeues_expired_leases_then_fails_them_as_worker_lost(test_sett
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
-            for fam in text_string_to_metric_families(text) for smp in fam.samples}
+    return {
+        (smp.name, tuple(sorted(smp.labels.items()))): smp.value
+        for fam in text_string_to_metric_families(text)
+        for smp in fam.samples
+    }
 
 
 def test_metrics_count_runs_by_status_queue_depth_and_durations(client, pg_session_factory) -> None:
@@ -74,10 +82,16 @@ def test_metrics_count_runs_by_status_queue_depth_and_durations(client, pg_sessi
     now = utcnow()
     with session_scope(pg_session_factory) as s:
         s.execute(sa.update(Run).where(Run.id == run_ids[0]).values(dispatched_at=now))
-        s.execute(sa.update(Run).where(Run.id == run_ids[1]).values(
-            status="succeeded", dispatched_at=now, started_at=now, finished_at=now + timedelta(seconds=45)))
-        s.execute(sa.update(Run).where(Run.id == run_ids[2]).values(
-            status="failed", error_kind="oom", started_at=now, finished_at=now + timedelta(seconds=5)))
+        s.execute(
+            sa.update(Run)
+            .where(Run.id == run_ids[1])
+            .values(status="succeeded", dispatched_at=now, started_at=now, finished_at=now + timedelta(seconds=45))
+        )
+        s.execute(
+            sa.update(Run)
+            .where(Run.id == run_ids[2])
+            .values(status="failed", error_kind="oom", started_at=now, finished_at=now + timedelta(seconds=5))
+        )
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     m = _samples(response.text)
@@ -88,7 +102,23 @@ def test_metrics_count_runs_by_status_queue_depth_and_durations(client, pg_sessi
     ok = (("cluster", "local-cpu"), ("status", "succeeded"))
     assert m[("scalebench_run_duration_seconds_count", ok)] == 1
     assert abs(m[("scalebench_run_duration_seconds_sum", ok)] - 45) < 0.01
-    assert m[("scalebench_run_duration_seconds_bucket", (("cluster", "local-cpu"), ("le", "30.0"), ("status", "succeeded")))] == 0
-    assert m[("scalebench_run_duration_seconds_bucket", (("cluster", "local-cpu"), ("le", "60.0"), ("status", "succeeded")))] == 1
+    assert (
+        m[
+            (
+                "scalebench_run_duration_seconds_bucket",
+                (("cluster", "local-cpu"), ("le", "30.0"), ("status", "succeeded")),
+            )
+        ]
+        == 0
+    )
+    assert (
+        m[
+            (
+                "scalebench_run_duration_seconds_bucket",
+                (("cluster", "local-cpu"), ("le", "60.0"), ("status", "succeeded")),
+            )
+        ]
+        == 1
+    )
     assert m[("scalebench_dispatch_latency_seconds_count", (("cluster", "local-cpu"),))] == 2
     assert m[("scalebench_oldest_queued_run_age_seconds", (("cluster", "local-cpu"),))] >= 0

@@ -78,15 +78,21 @@ def prepare_run_dir(spec: RunSpec, run_id: str, run_dir: Path) -> Path:
     return run_dir
 
 
-def log_tail(run_dir: str | Path, max_bytes: int = 4000) -> str:
+def read_log_tail(run_dir: str | Path, max_bytes: int) -> tuple[bytes, int]:
+    """The last `max_bytes` of the run's log.txt and the log's whole size (b"", 0 when there is none)."""
     p = Path(run_dir) / LOG_FILE
-    if not p.exists():
-        return ""
-    with p.open("rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - max_bytes))
-        return f.read().decode("utf-8", "replace")
+    try:
+        with p.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read(), size
+    except FileNotFoundError:
+        return b"", 0
+
+
+def log_tail(run_dir: str | Path, max_bytes: int = 4000) -> str:
+    return read_log_tail(run_dir, max_bytes)[0].decode("utf-8", "replace")
 
 
 def read_result(run_dir: str | Path) -> tuple[RunResult | None, str | None]:

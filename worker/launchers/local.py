@@ -19,11 +19,19 @@ import sys
 import time
 from pathlib import Path
 
+from core import procs
 from core.clusters import LOCAL_CPU, Cluster
 from core.specs import RunSpec
-from worker import procs
-from worker.launchers.base import (LOG_FILE, RESULT_FILE, SPEC_FILE, LaunchHandle, LaunchOutcome, log_tail,
-                                   prepare_run_dir, read_result)
+from worker.launchers.base import (
+    LOG_FILE,
+    RESULT_FILE,
+    SPEC_FILE,
+    LaunchHandle,
+    LaunchOutcome,
+    log_tail,
+    prepare_run_dir,
+    read_result,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,16 @@ from pathlib import Path
 
 from core.clusters import Cluster, SlurmOptions
 from core.specs import RunSpec
-from worker.launchers.base import (LOG_FILE, RESULT_FILE, SPEC_FILE, LaunchHandle, LaunchOutcome, log_tail,
-                                   prepare_run_dir, read_result)
+from worker.launchers.base import (
+    LOG_FILE,
+    RESULT_FILE,
+    SPEC_FILE,
+    LaunchHandle,
+    LaunchOutcome,
+    log_tail,
+    prepare_run_dir,
+    read_result,
+)
 from worker.launchers.local import outcome_from_run_dir
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""`scalebench up`: the embedded stack in the foreground (registered by api/cli.py)."""
+"""`scalebench up`: the embedded stack in the foreground (registered by cli/main.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from api.up import Stack, serve_forever
+from cli.stack import Stack, serve_forever
 
 log = logging.getLogger(__name__)
 

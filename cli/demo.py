@@ -1,6 +1,6 @@
 """`make demo`: the embedded stack, one CPU scaling experiment, its tables and curves, a clean shutdown.
 
-    .venv/bin/python -m api.demo [--spec examples/cpu-demo.yaml] [--out demo-out]
+    .venv/bin/python -m cli.demo [--spec examples/cpu-demo.yaml] [--out demo-out]
 
 Always the embedded default (SQLite + filesystem broker in .scalebench/demo, wiped first), on a free port,
 so that it runs beside anything else. Writes demo-out/scaling.png and demo-out/report.json.
@@ -18,10 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from api.cli_client import ApiClient, CliError
-from api.cli_report import fetch_report, print_report
-from api.cli_runs import console, load_spec, submit_spec, wait_for
-from api.up import REPO_ROOT, Stack
+from cli.client import ApiClient, CliError
+from cli.plot import fetch_png
+from cli.report import fetch_report, print_report
+from cli.runs import console, load_spec, submit_spec, wait_for
+from cli.stack import REPO_ROOT, Stack
+from core.scaling import ScalingReport
 
 log = logging.getLogger(__name__)
 EMBEDDED_OVERRIDES = ("DATABASE_URL", "REDIS_URL", "SCALEBENCH_DATABASE_URL", "SCALEBENCH_BROKER_URL",
@@ -42,34 +44,33 @@ def _demo_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
-def _write_outputs(report, out_dir: Path, title: str) -> list[Path]:  # noqa: ANN001 (ScalingReport)
+def _write_outputs(client: ApiClient, experiment_id: int, report: ScalingReport, out_dir: Path) -> list[Path]:
+    """report.json (the served report) and scaling.png (drawn by the API: GET /experiments/{id}/scaling.png)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "report.json"]
+    paths = [out_dir / "report.json", out_dir / "scaling.png"]
     paths[0].write_text(json.dumps(report.model_dump(mode="json"), indent=1))
-    try:
-        from api.plots import render_scaling_png  # noqa: PLC0415 - matplotlib only when drawing
-    except ImportError as exc:
-        log.warning("no PNG: %s", exc)
-        return paths
-    png = out_dir / "scaling.png"
-    png.write_bytes(render_scaling_png(report, title=title))
-    return paths + [png]
+    paths[1].write_bytes(fetch_png(client, experiment_id))
+    return paths
 
 
 def run_demo(spec_path: Path, out_dir: Path, data_dir: Path) -> int:
     t0 = time.monotonic()
     spec = load_spec(spec_path)
     shutil.rmtree(data_dir, ignore_errors=True)
-    console.print(f"[bold]scalebench demo[/bold]: starting the embedded stack (SQLite + filesystem broker in {data_dir})")
+    console.print(
+        f"[bold]scalebench demo[/bold]: starting the embedded stack (SQLite + filesystem broker in {data_dir})"
+    )
     with Stack(port=_free_port(), env=_demo_env(data_dir)) as stack:
-        console.print(f"API {stack.url}, one worker on queues {', '.join(stack.queues)}, scheduler; "
-                      f"up in {time.monotonic() - t0:.1f} s")
+        console.print(
+            f"API {stack.url}, one worker on queues {', '.join(stack.queues)}, scheduler; "
+            f"up in {time.monotonic() - t0:.1f} s"
+        )
         with ApiClient(stack.url, stack.create_token("demo")) as client:
             created = submit_spec(client, spec)
             exp = wait_for(client, created["id"], timeout_s=DEMO_TIMEOUT_S)
-            report, details = fetch_report(client, created["id"])
-        print_report(console, report, details)
-        paths = _write_outputs(report, out_dir, title=f"{spec.get('name', 'demo')} ({created['cluster']})")
+            report, runs = fetch_report(client, created["id"])
+            paths = _write_outputs(client, created["id"], report, out_dir)
+        print_report(console, report, runs)
         console.print(f"experiment {exp['id']}: {exp['status']}; wrote {', '.join(str(p) for p in paths)}")
         console.print("stopping the stack ...")
     console.print(f"stopped cleanly; demo wall time {time.monotonic() - t0:.0f} s")

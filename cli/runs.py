@@ -1,4 +1,4 @@
-"""`scalebench submit | ls | show | cancel | logs`: the HTTP side of the CLI (registered by api/cli.py).
+"""`scalebench submit | ls | show | cancel | logs`: the HTTP side of the CLI (registered by cli/main.py).
 
 Every command takes --server (SCALEBENCH_URL) and --token (SCALEBENCH_TOKEN, else the token that
 `scalebench up` saved). Errors print as one readable paragraph and exit 1; never a traceback.
@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from api.cli_client import ApiClient, CliError
-from api.cli_report import fetch_report, print_report
+from cli.client import ApiClient, CliError
+from cli.report import fetch_report, print_report
 
 # Wide tables when the output is a file or a pipe (rich would wrap at 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -54,15 +54,20 @@ def load_spec(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise CliError(f"spec file {str(path)!r} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise CliError(f"spec file {str(path)!r} must hold a mapping of ExperimentSpec fields, not {type(data).__name__}")
+        raise CliError(
+            f"spec file {str(path)!r} must hold a mapping of ExperimentSpec fields, not {type(data).__name__}"
+        )
     return data
 
 
 def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     created = client.post("/experiments", json=spec, headers=headers)
-    console.print(f"experiment [bold]{created['id']}[/bold] ({created['name']}): {len(created['runs'])} runs "
-                  f"on {created['cluster']}", highlight=False)
+    console.print(
+        f"experiment [bold]{created['id']}[/bold] ({created['name']}): {len(created['runs'])} runs "
+        f"on {created['cluster']}",
+        highlight=False,
+    )
     for s in created.get("skipped") or []:
         console.print(f"  skipped {s['precision']}/{s['layout']}/N={s['num_devices']}: {s['reason']}", highlight=False)
     if not created.get("dispatched", True):
@@ -94,8 +99,13 @@ def _duration(run: dict[str, Any]) -> str:
 def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout_s: float | None = None) -> dict:
     """Progress bars per run (steps from its log) until every run ended; returns the experiment."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
-                  console=console, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[state]}"),
+        console=console,
+        transient=False,
+    ) as progress:
         tasks: dict[int, Any] = {}
         while True:
             runs = client.all_runs(experiment_id)
@@ -123,27 +133,33 @@ def register(app: typer.Typer) -> None:
 
     @app.command("submit")
     @cli_errors
-    def submit(spec_file: Annotated[Path, typer.Argument(help="ExperimentSpec as YAML (or JSON).")],
-               wait: Annotated[bool, typer.Option("--wait", help="Follow the runs until they end.")] = False,
-               idempotency_key: Annotated[str | None, typer.Option(help="Repeat-safe submission key.")] = None,
-               server: ServerOpt = None, token: TokenOpt = None) -> None:
+    def submit(
+        spec_file: Annotated[Path, typer.Argument(help="ExperimentSpec as YAML (or JSON).")],
+        wait: Annotated[bool, typer.Option("--wait", help="Follow the runs until they end.")] = False,
+        idempotency_key: Annotated[str | None, typer.Option(help="Repeat-safe submission key.")] = None,
+        server: ServerOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
         """Submit an experiment; with --wait, show progress per run and then the scaling table."""
         with ApiClient(server, token) as client:
             created = submit_spec(client, load_spec(spec_file), idempotency_key)
             if not wait:
                 return
             exp = wait_for(client, created["id"])
-            report, details = fetch_report(client, created["id"])
-            print_report(console, report, details)
+            report, runs = fetch_report(client, created["id"])
+            print_report(console, report, runs)
             console.print(f"experiment {exp['id']}: {exp['status']}")
             if exp["status"] != "succeeded":
                 raise typer.Exit(1)
 
     @app.command("ls")
     @cli_errors
-    def ls(limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
-           status: Annotated[str | None, typer.Option(help="Only experiments in this status.")] = None,
-           server: ServerOpt = None, token: TokenOpt = None) -> None:
+    def ls(
+        limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+        status: Annotated[str | None, typer.Option(help="Only experiments in this status.")] = None,
+        server: ServerOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
         """List experiments, newest first."""
         with ApiClient(server, token) as client:
             page = client.get("/experiments", limit=limit, status=status)
@@ -151,41 +167,62 @@ def register(app: typer.Typer) -> None:
         for col in ("id", "name", "cluster", "status", "runs", "progress", "created"):
             table.add_column(col)
         for e in page["items"]:
-            table.add_row(str(e["id"]), e["name"], e["cluster"], e["status"], str(e["num_runs"]),
-                          f"{e['progress']:.0%}", e["created_at"][:19].replace("T", " "))
+            table.add_row(
+                str(e["id"]),
+                e["name"],
+                e["cluster"],
+                e["status"],
+                str(e["num_runs"]),
+                f"{e['progress']:.0%}",
+                e["created_at"][:19].replace("T", " "),
+            )
         console.print(table)
 
     @app.command("show")
     @cli_errors
-    def show(experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
-             as_json: Annotated[bool, typer.Option("--json", help="The scaling report as JSON.")] = False,
-             server: ServerOpt = None, token: TokenOpt = None) -> None:
+    def show(
+        experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
+        as_json: Annotated[bool, typer.Option("--json", help="The scaling report as JSON.")] = False,
+        server: ServerOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
         """An experiment: its runs and the scaling table (throughput, efficiency, fp8 speedup)."""
         with ApiClient(server, token) as client:
             exp = client.get(f"/experiments/{experiment_id}")
-            report, details = fetch_report(client, experiment_id)
+            report, runs = fetch_report(client, experiment_id)
         if as_json:
             typer.echo(json.dumps(report.model_dump(mode="json"), indent=1))
             return
-        console.print(f"experiment [bold]{exp['id']}[/bold] {exp['name']} on {exp['cluster']}: {exp['status']} "
-                      f"({exp['num_runs']} runs, {exp['progress']:.0%} done)", highlight=False)
-        print_report(console, report, details)
+        console.print(
+            f"experiment [bold]{exp['id']}[/bold] {exp['name']} on {exp['cluster']}: {exp['status']} "
+            f"({exp['num_runs']} runs, {exp['progress']:.0%} done)",
+            highlight=False,
+        )
+        print_report(console, report, runs)
 
     @app.command("cancel")
     @cli_errors
-    def cancel(experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
-               server: ServerOpt = None, token: TokenOpt = None) -> None:
+    def cancel(
+        experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
+        server: ServerOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
         """Cancel an experiment: queued runs now, running runs within seconds."""
         with ApiClient(server, token) as client:
             out = client.post(f"/experiments/{experiment_id}/cancel")
-        console.print(f"experiment {experiment_id}: {out['num_cancelled']} queued runs cancelled, "
-                      f"{out['num_cancel_requested']} running runs stopping; status {out['status']}")
+        console.print(
+            f"experiment {experiment_id}: {out['num_cancelled']} queued runs cancelled, "
+            f"{out['num_cancel_requested']} running runs stopping; status {out['status']}"
+        )
 
     @app.command("logs")
     @cli_errors
-    def logs(run_id: Annotated[int, typer.Argument(help="Run id.")],
-             tail_bytes: Annotated[int, typer.Option(help="Bytes from the end of log.txt.")] = 65536,
-             server: ServerOpt = None, token: TokenOpt = None) -> None:
+    def logs(
+        run_id: Annotated[int, typer.Argument(help="Run id.")],
+        tail_bytes: Annotated[int, typer.Option(help="Bytes from the end of log.txt.")] = 65536,
+        server: ServerOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
         """The tail of a run's log (the runner's merged stdout/stderr)."""
         with ApiClient(server, token) as client:
             typer.echo(client.text(f"/runs/{run_id}/log", tail_bytes=tail_bytes), nl=False)

@@ -75,13 +75,17 @@ class ApiClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError as exc:
-            raise CliError(f"cannot reach the scalebench API at {self.server} ({exc}).\n"
-                           "Start it with `scalebench up`, or point --server / SCALEBENCH_URL at a running one.") from None
+            raise CliError(
+                f"cannot reach the scalebench API at {self.server} ({exc}).\n"
+                "Start it with `scalebench up`, or point --server / SCALEBENCH_URL at a running one."
+            ) from None
         except httpx.TimeoutException:
             raise CliError(f"the scalebench API at {self.server} did not answer in time ({method} {path})") from None
         if response.status_code == 401 and not self.token:
-            raise CliError(f"{format_problem(response)}\nPass --token or set SCALEBENCH_TOKEN "
-                           "(create one with `scalebench token create`).")
+            raise CliError(
+                f"{format_problem(response)}\nPass --token or set SCALEBENCH_TOKEN "
+                "(create one with `scalebench token create`)."
+            )
         if response.status_code >= 400:
             raise CliError(format_problem(response))
         return response

@@ -1,5 +1,5 @@
-"""The `scalebench` command. Command groups live in their own modules (api/commands/*, or another
-package's module) and are registered here in GROUPS, one line each."""
+"""The `scalebench` command. Command groups live in their own modules of cli/ and are registered here in
+GROUPS, one line each. The CLI talks to the service over HTTP; it imports core (validation, tables) only."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import logging
 
 import typer
 
-from api import cli_runs, cli_up
-from api.commands import plot, token
+from cli import plot, token
+from cli import runs as cli_runs
+from cli import up as cli_up
 
 app = typer.Typer(name="scalebench", help="scalebench: scaling-efficiency experiments for FP8 training.",
                   no_args_is_help=True)

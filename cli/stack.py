@@ -20,12 +20,21 @@ from pathlib import Path
 import httpx
 
 from core.clusters import load_clusters
+from core.procs import set_parent_death_signal
 from core.settings import Settings
-from worker.procs import set_parent_death_signal
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STOP_GRACE_S = 10.0
+
+
+def create_local_token(name: str, env: dict[str, str] | None = None) -> str:
+    """A new token on the configured database (SCALEBENCH_DATABASE_URL); raises RuntimeError on failure."""
+    proc = subprocess.run([sys.executable, "-m", "db.admin", "create-token", "--name", name], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"creating a token failed:\n{proc.stderr[-2000:]}")
+    return proc.stdout.strip().splitlines()[-1]
 
 
 @dataclass
@@ -103,15 +112,7 @@ class Stack:
 
     def create_token(self, name: str = "scalebench-up") -> str:
         """A fresh API token, also saved (0600) as <data dir>/token for the CLI."""
-        from db.session import make_engine, make_session_factory, session_scope  # noqa: PLC0415
-        from db.tokens import create_token  # noqa: PLC0415
-
-        engine = make_engine(self.settings.database_url)
-        try:
-            with session_scope(make_session_factory(engine)) as session:
-                token, _row = create_token(session, name)
-        finally:
-            engine.dispose()
+        token = create_local_token(name, env=self.env)
         path = self.settings.data_dir / "token"
         path.touch(mode=0o600, exist_ok=True)
         path.write_text(token + "\n")

@@ -1,5 +1,8 @@
-"""The Celery app factory (no app is created at import). Redis in production; kombu's filesystem transport
-for the embedded default (`filesystem://` broker URL, no server needed, remote control included).
+"""The queue: the Celery app factory (no app is created at import), publishing runs after commit, and the
+broker probe. This is the one module of worker/ that the API imports (publish, ping); it imports no task.
+
+Redis in production; kombu's filesystem transport for the embedded default (`filesystem://` broker URL, no
+server needed, remote control included).
 
 Delivery semantics: acks_late + prefetch 1, so a message is acknowledged only after its task returned,
 and a worker holds one message at a time. The visibility timeout is longer than the longest run, so Redis
@@ -9,15 +12,21 @@ does not hand a still-running message to a second worker; a redelivered message 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from celery import Celery
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import Settings
+from db import outbox
+
+log = logging.getLogger(__name__)
 
 TASK_EXECUTE_RUN = "scalebench.execute_run"
 DEFAULT_QUEUE = "local-cpu"
@@ -26,6 +35,7 @@ VISIBILITY_TIMEOUT_S = MAX_RUN_S + 6 * 3600  # longest run + margin for queueing
 TASK_SOFT_TIME_LIMIT_S = MAX_RUN_S + 3600  # the launcher enforces the run's own timeout_s first
 TASK_TIME_LIMIT_S = MAX_RUN_S + 2 * 3600
 BROKER_CONNECT_TIMEOUT_S = 3.0  # a down broker must fail a publish fast (the dispatcher retries later)
+DISPATCH_BATCH = 500
 
 
 def filesystem_broker_dirs(settings: Settings) -> dict[str, Path]:
@@ -95,7 +105,7 @@ def broker_error(app: Celery) -> str | None:
             return None
         app.conf.scalebench_probe.ping()
         return None
-    except Exception as exc:  # redis raises ConnectionError, TimeoutError, AuthenticationError, ...
+    except Exception as exc:  # noqa: BLE001 - redis raises ConnectionError, TimeoutError, AuthenticationError, ...
         return f"broker {_redact(str(url))} unreachable: {type(exc).__name__}: {exc}"
 
 
@@ -105,3 +115,57 @@ def _redact(url: str) -> str:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
     return url
+
+
+@dataclass(frozen=True)
+class DispatchOutcome:
+    published: list[int]
+    error: str | None = None  # why publishing stopped (broker down), when it did
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def publish_run(celery: Celery, run_id: int, queue: str, producer=None) -> None:
+    """One message per run, by task name, on the cluster's queue. Raises when the broker refuses it."""
+    celery.send_task(TASK_EXECUTE_RUN, args=[run_id], queue=queue, retry=False, producer=producer)
+
+
+def dispatch_runs(session: Session, celery: Celery, run_ids: Sequence[int] | None = None,
+                  limit: int = DISPATCH_BATCH) -> DispatchOutcome:
+    """Publish undispatched queued runs (those of `run_ids`, or any) and stamp dispatched_at.
+
+    All or nothing per call: on a broker error nothing is stamped. The caller commits (that releases
+    the row locks).
+    """
+    published: list[int] = []
+    error = broker_error(celery)  # fail fast: a refused publish would block a request for seconds
+    if error:
+        return DispatchOutcome(published, error)
+    rows = outbox.lock_undispatched(session, run_ids, limit)
+    if not rows:
+        return DispatchOutcome(published)
+    try:
+        # One pipelined round trip on Redis (kombu >= 5.6 batches); other transports publish one by one.
+        with celery.producer_or_acquire() as producer, producer.batch():
+            for run_id, queue in rows:
+                publish_run(celery, run_id, queue, producer=producer)
+    except Exception as exc:  # noqa: BLE001 - kombu/redis raise several types for "broker unreachable"
+        # A failed batch is all-or-nothing for us: none is stamped, so the dispatcher sends them again
+        # (a message that did get through is then a duplicate the worker's atomic claim ignores).
+        error = f"broker unreachable: {type(exc).__name__}: {exc}"
+        log.warning("publishing %d runs failed; %s", len(rows), error)
+        return DispatchOutcome(published, error)
+    return DispatchOutcome(outbox.stamp_dispatched(session, [run_id for run_id, _ in rows]))
+
+
+def dispatch_pending(session_factory: sessionmaker[Session], celery: Celery,
+                     limit: int = DISPATCH_BATCH) -> DispatchOutcome:
+    """One pass of the scheduler's dispatcher: re-publish queued runs whose dispatched_at is NULL."""
+    with session_factory() as session:
+        outcome = dispatch_runs(session, celery, None, limit)
+        session.commit()
+    if outcome.published:
+        log.info("dispatcher published %d runs", len(outcome.published))
+    return outcome

@@ -1,5 +1,5 @@
 """`scalebench plot ID -o curves.png`: the experiment's scaling curves as a PNG (GET /experiments/{id}/scaling.png:
-throughput with the ideal line, efficiency and fp8 speedup against N). Registered by api/cli.py."""
+throughput with the ideal line, efficiency and fp8 speedup against N). Registered by cli/main.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from api.cli_client import ApiClient, CliError
-from api.cli_runs import ServerOpt, TokenOpt, cli_errors, console
+from cli.client import ApiClient, CliError
+from cli.runs import ServerOpt, TokenOpt, cli_errors, console
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

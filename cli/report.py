@@ -1,0 +1,72 @@
+"""The scaling report of an experiment as the CLI and the demo print it (rich tables).
+
+Two requests: the report as GET /experiments/{id}/scaling serves it (the numbers are the server's; nothing
+is recomputed here) and the experiment's runs page (GET /experiments/{id}/runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cli.client import ApiClient
+from core.scaling import ScalingReport
+
+
+def fetch_report(client: ApiClient, experiment_id: int) -> tuple[ScalingReport, list[dict[str, Any]]]:
+    """(the served scaling report, the experiment's runs)."""
+    report = ScalingReport.model_validate(client.get(f"/experiments/{experiment_id}/scaling"))
+    return report, client.all_runs(experiment_id)
+
+
+def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, fmt)
+
+
+def runs_table(runs: list[dict[str, Any]]) -> Table:
+    table = Table(title="Runs", title_justify="left")
+    for col in ("run", "precision", "layout", "N", "status", "tok/s/dev", "step ms", "error"):
+        table.add_column(col, justify="right" if col in ("run", "N", "tok/s/dev", "step ms") else "left")
+    for r in sorted(runs, key=lambda r: (r["precision"], r["layout"], r["num_devices"], r["id"])):
+        table.add_row(str(r["id"]), r["precision"], r["layout"], str(r["num_devices"]), r["status"],
+                      _num(r.get("tokens_per_sec_per_device"), ",.0f"), _num(r.get("step_ms_median"), ".1f"),
+                      r.get("error_kind") or "")
+    return table
+
+
+def scaling_table(report: ScalingReport) -> Table:
+    table = Table(title="Scaling", title_justify="left",
+                  caption="X = global tokens/s (median over repeats); E(N) = X(N) / (X(N0) * N / N0), N0 = smallest N",
+                  caption_justify="left")
+    for col in ("precision", "layout", "N", "X tok/s", "tok/s/dev", "E(N)", "MFU", "status"):
+        table.add_column(col, justify="left" if col in ("precision", "layout", "status") else "right")
+    for s in report.series:
+        for p in s.points:
+            mfu = _num(p.mfu_vs_bf16_peak, ".1%") if p.mfu_vs_bf16_peak is not None else "n/a"
+            status = p.status + (f" ({', '.join(p.flags)})" if p.flags else "")
+            table.add_row(s.key.precision, s.key.layout, str(p.num_devices), _num(p.tokens_per_sec, ",.0f"),
+                          _num(p.tokens_per_sec_per_device, ",.0f"), _num(p.efficiency, ".1%"), mfu, status)
+    return table
+
+
+def speedup_table(report: ScalingReport) -> Table:
+    table = Table(title="fp8 speedup S(N) = X_fp8(N) / X_bf16(N)", title_justify="left",
+                  caption="loss gap = (fp8 - bf16) / bf16 final loss", caption_justify="left")
+    for col in ("fp8 recipe", "layout", "N", "fp8 tok/s", "bf16 tok/s", "speedup", "loss gap"):
+        table.add_column(col, justify="left" if col in ("fp8 recipe", "layout") else "right")
+    for sp in report.speedups:
+        table.add_row(sp.precision, sp.layout, str(sp.num_devices), f"{sp.fp8_tokens_per_sec:,.0f}",
+                      f"{sp.bf16_tokens_per_sec:,.0f}", f"{sp.speedup:.2f}x", _num(sp.loss_rel_gap, "+.1%"))
+    return table
+
+
+def print_report(console: Console, report: ScalingReport, runs: list[dict[str, Any]] | None = None) -> None:
+    if runs:
+        console.print(runs_table(runs))
+    console.print(scaling_table(report))
+    if report.speedups:
+        console.print(speedup_table(report))
+    for note in [f"{s.key.precision}/{s.key.layout}: {n}" for s in report.series for n in s.notes]:
+        console.print(f"note: {note}")
