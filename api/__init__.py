@@ -1,1 +1,1 @@
-"""scalebench api package (see DESIGN.md for its import rules)."""
+"""The HTTP server; imports core, db and worker.queue only (docs/architecture.md)."""

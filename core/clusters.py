@@ -96,7 +96,3 @@ def load_clusters(path: str | Path | None) -> dict[str, Cluster]:
             raise ValueError(f"clusters file {str(p)!r}, cluster[{i}]: {exc}") from exc
         clusters[cluster.name] = cluster
     return clusters
-
-
-def is_valid_name(name: str) -> bool:
-    return re.match(r"^[a-z0-9][a-z0-9._-]{0,62}$", name) is not None

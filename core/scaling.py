@@ -1,4 +1,4 @@
-"""Linear-scaling curves from run results (pure; computed on read). Definitions: shared/DESIGN.md.
+"""Linear-scaling curves from run results (pure; computed on read). Definitions: docs/architecture.md.
 
 Input: plain `RunPoint` records (one per run, repeats included). Output: a `ScalingReport` the API returns
 as JSON directly. Per series (model + layers, precision, layout, scaling mode, cluster) and device count N:

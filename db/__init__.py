@@ -1,1 +1,1 @@
-"""scalebench db package (see DESIGN.md for its import rules)."""
+"""Every SQL statement and run state transition; imports core only (docs/architecture.md)."""

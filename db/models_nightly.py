@@ -16,7 +16,6 @@ from db.base import Base, enum_check, utcnow
 
 DEFAULT_SCHEDULE = "0 2 * * *"  # 02:00 UTC every night
 REGRESSION_STATUSES = ("suspected", "confirmed", "recovered", "improved", "failed")
-RESOLUTIONS = ("recovered", "manual")
 DELIVERY_STATUSES = ("pending", "delivered", "failed")
 WEBHOOK_EVENTS = ("regression.suspected", "regression.confirmed", "regression.failed", "regression.recovered",
                   "regression.improved")

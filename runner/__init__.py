@@ -1,1 +1,1 @@
-"""scalebench runner package (see DESIGN.md for its import rules)."""
+"""The training program torchrun starts (`python -m runner`); imports core only (docs/architecture.md)."""

@@ -1,6 +1,6 @@
-"""Step timing, loss bookkeeping without per-step host syncs, and the Summary arithmetic of DESIGN.md.
+"""Step timing, loss bookkeeping without per-step host syncs, and the Summary arithmetic of docs/architecture.md.
 
-Definitions (DESIGN.md): tokens/s per device = global tokens per step / step time / N; TFLOP/s per device
+Definitions (docs/architecture.md): tokens/s per device = global tokens per step / step time / N; TFLOP/s per device
 = FLOPs/token * that; MFU = TFLOP/s per device / peak dense TFLOP/s (bf16 peak, and the precision's own).
 """
 

@@ -1,1 +1,1 @@
-"""scalebench worker package (see DESIGN.md for its import rules)."""
+"""Celery app and thin tasks, run execution, launchers, the scheduler; imports core and db (docs/architecture.md)."""

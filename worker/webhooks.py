@@ -45,11 +45,6 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def verify(secret: str, body: bytes, signature: str) -> bool:
-    """For receivers: constant-time check of the signature header against the raw body."""
-    return hmac.compare_digest(sign(secret, body), signature)
-
-
 def backoff_s(attempt: int) -> float:
     """Delay after failed attempt number `attempt` (1-based)."""
     return min(MAX_DELAY_S, BASE_DELAY_S * 2 ** (attempt - 1))
