@@ -53,7 +53,7 @@ DEFAULT_METRICS: dict[str, MetricConfig] = {
     "fp8_speedup": MetricConfig("fp8_speedup"),
     "mfu_vs_bf16_peak": MetricConfig("mfu_vs_bf16_peak"),
     "peak_memory_allocated_gib": MetricConfig("peak_memory_allocated_gib", higher_is_better=False),
-    # |fp8 - bf16| / bf16 final loss; the measured gaps on an H200 were within 1.2% (bench/results/2026-12-02-gpu-runner.md)
+    # |fp8 - bf16| / bf16 final loss; measured gaps on an H200 were within 1.2% (bench/results/2026-12-02-gpu-runner.md)
     "fp8_loss_gap": MetricConfig("fp8_loss_gap", higher_is_better=False, limit=0.03),
 }
 

@@ -1,4 +1,4 @@
-"""Regression detection over a finished suite experiment (the list, ack and resolve queries are in db/regression_queries.py).
+"""Regression detection over a finished suite experiment (list, ack and resolve: db/regression_queries.py).
 
 For each series point of tonight's experiment and each metric, core.regression.evaluate gets the point's
 history from the suite's earlier experiments (the last HISTORY_NIGHTS), the state of the point's last

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.worker.conftest import TINY, submit, wait_until
+from tests.worker.conftest import submit, wait_until
 
 pytestmark = pytest.mark.slow
 
