@@ -196,8 +196,8 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
 
     # A coarse grid over each factor's range, then a finer one around the best (bounds: FIT_RANGES).
     before, best, ranges = rms(model), (math.inf, model, {}), {k: FIT_RANGES[k] for k in names}
-    for _ in range(3):
-        grids = {k: [lo + (hi - lo) * i / 10 for i in range(11)] for k, (lo, hi) in ranges.items()}
+    for _ in range(4):
+        grids = {k: [lo + (hi - lo) * i / 6 for i in range(7)] for k, (lo, hi) in ranges.items()}
         combos: list[dict[str, float]] = [{}]
         for name in names:
             combos = [c | {name: v} for c in combos for v in grids[name]]
@@ -205,7 +205,7 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
             err, m = fit(combo)
             if err < best[0]:
                 best = (err, m, combo)
-        ranges = {k: _around(best[2][k], (hi - lo) / 10, FIT_RANGES[k]) for k, (lo, hi) in ranges.items()}
+        ranges = {k: _around(best[2][k], (hi - lo) / 6, FIT_RANGES[k]) for k, (lo, hi) in ranges.items()}
     err, fitted, combo = best
     worst = max(abs(fitted.tokens_per_sec(n) / x - 1) for n, x in pts.items())
     return Calibration(fitted=True, parameters=combo, num_points=len(pts), rms_rel_error_before=before,

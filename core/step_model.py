@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 
 from core.network import Cost, Group, Network, all_gather, all_reduce, reduce_scatter
 from core.shapes import get_shape
@@ -33,6 +34,10 @@ from core.specs import ParallelDegrees, resolve_layout
 
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (the runner's and torchtitan's default MixedPrecisionPolicy)
 FWD_SHARE = 1 / 3  # forward / (forward + backward) FLOPs of a matmul layer (backward computes 2 matmuls per 1)
+
+
+_degrees = lru_cache(maxsize=4096)(resolve_layout)
+_shape = lru_cache(maxsize=256)(get_shape)
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ class Workload:
     activation_checkpointing: str = "none"
 
     def degrees(self, n: int) -> ParallelDegrees:
-        return resolve_layout(self.layout, n)
+        return _degrees(self.layout, n)
 
     def sequences_per_dp_rank(self, n: int) -> float:
         if self.scaling == "strong":
@@ -79,8 +84,9 @@ class UnitBytes:
     root_flops_share: float  # output layer's share of the step's FLOPs (not overlapped per block)
 
 
+@lru_cache(maxsize=4096)
 def unit_bytes(w: Workload, n: int) -> UnitBytes:
-    s = get_shape(w.model, w.num_layers)
+    s = _shape(w.model, w.num_layers)
     d, kv = s.dim, s.num_kv_heads * s.head_dim
     linear = 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden_dim  # wq, wo, wk, wv, w1, w2, w3
     norms = 2 * d
@@ -97,6 +103,7 @@ def unit_bytes(w: Workload, n: int) -> UnitBytes:
     )
 
 
+@lru_cache(maxsize=1024)
 def expected_max_normal(n: int) -> float:
     """E[max of n standard normal draws], Blom (1958): Phi^-1((n - 0.375) / (n + 0.25)); 0 for n = 1."""
     return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
@@ -130,6 +137,7 @@ class Collectives:
     dp_bound: str = "none"
 
 
+@lru_cache(maxsize=4096)  # a calibration asks for the same (workload, network, N) many times
 def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collectives:
     d, g, b = w.degrees(n), groups(w, n, gpus_per_node), unit_bytes(w, n)
     ms = 1e-3
@@ -155,7 +163,7 @@ def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collec
 
 
 def _tp_block_ms(w: Workload, net: Network, n: int, tp: Group) -> float:
-    s = get_shape(w.model, w.num_layers)
+    s = _shape(w.model, w.num_layers)
     activation = w.sequences_per_dp_rank(n) * w.seq_len * s.dim  # elements of one full activation
     gather_bytes = 1 if w.precision == "fp8-tensorwise" else (4 if w.precision == "fp32" else 2)
     act_bytes = 4 if w.precision == "fp32" else 2
@@ -200,28 +208,28 @@ def step_time(w: Workload, net: Network, n: int, gpus_per_node: int, compute_ms:
     c = collectives(w, net, n, gpus_per_node)
     straggle = 1 + net.device_speed_cv * expected_max_normal(n)
     work = compute_ms * straggle
-    num_layers = get_shape(w.model, w.num_layers).num_layers
+    num_layers = _shape(w.model, w.num_layers).num_layers
     root_ms = work * unit_bytes(w, n).root_flops_share
     fwd_share = 0.25 if w.activation_checkpointing == "full" else FWD_SHARE  # recompute runs in backward
     wf = (work - root_ms) * fwd_share / num_layers
     wb = (work - root_ms) * (1 - fwd_share) / num_layers
     f = net.collective_sm_fraction
-    # (comm beside it, compute) for each block of forward and backward, then the exposed head and tail
-    overlapped = [(c.ag_block, wf)] * (num_layers - 1) + [(0.0, wf)]
-    bwd_comms = [c.ag_block] + [c.ag_block + c.rs_block] * (num_layers - 2) + [c.rs_block] \
-        if num_layers > 1 else [0.0]
-    if c.ag_block == 0.0:
-        bwd_comms = [0.0] + [c.ar_block] * (num_layers - 1)
-    overlapped += [(x, wb) for x in bwd_comms]
+    # (count, comm beside it, compute) of the blocks of forward and backward; the head and tail are exposed
+    if c.ag_block:  # FSDP/HSDP: block L-1 prefetches L-2's gather; blocks L-2..1 also reduce L+1; block 0 only reduces
+        bwd = [(1, c.ag_block, wb), (num_layers - 2, c.ag_block + c.rs_block, wb), (1, c.rs_block, wb)] \
+            if num_layers > 1 else [(1, 0.0, wb)]
+    else:  # DDP (or none): block i's backward hides block i+1's all-reduce
+        bwd = [(1, 0.0, wb), (num_layers - 1, c.ar_block, wb)]
+    blocks = [(num_layers - 1, c.ag_block, wf), (1, 0.0, wf)] + bwd
     head_tail = c.ag_root + c.ag_block + c.rs_block + c.rs_root + c.ar_block + c.ar_root
     tp_ms = c.tp_per_block * num_layers
-    layers = [_layer(x, y, f) for x, y in overlapped]
-    exposed = head_tail + tp_ms + sum(e for _, e, _ in layers)
-    total_comm = head_tail + tp_ms + sum(x for x, _ in overlapped)
-    step = root_ms + sum(t for t, _, _ in layers) + head_tail + tp_ms + optimizer_ms + idle_ms
+    layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]
+    exposed = head_tail + tp_ms + sum(k * e for k, _, e, _ in layers)
+    total_comm = head_tail + tp_ms + sum(k * x for k, x, _ in blocks)
+    step = root_ms + sum(k * t for k, t, _, _ in layers) + head_tail + tp_ms + optimizer_ms + idle_ms
     return StepParts(step_ms=step, compute_ms=compute_ms, straggler_ms=work - compute_ms,
                      communication_ms=total_comm, exposed_communication_ms=exposed,
-                     hidden_communication_ms=total_comm - exposed, interference_ms=sum(i for _, _, i in layers),
+                     hidden_communication_ms=total_comm - exposed, interference_ms=sum(k * i for k, _, _, i in layers),
                      tp_communication_ms=tp_ms, optimizer_ms=optimizer_ms, idle_ms=idle_ms,
                      dp_bus_gb_per_s=c.dp_bus_gb_per_s, dp_bound=c.dp_bound)
 
