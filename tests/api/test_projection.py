@@ -8,6 +8,7 @@ cluster below describes that network (H100 HGX platform + 400G InfiniBand); the 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -175,3 +176,25 @@ def test_step_breakdown_sets_the_compute_share(api, pg_session_factory) -> None:
     assert p[8]["idle_ms"] == p[128]["idle_ms"] == pytest.approx(0.05 * step_ms)
     assert p[128]["optimizer_ms"] == pytest.approx(20.0 * 8 / 128)  # the sharded optimizer step shrinks
     assert p[8]["error"] != pytest.approx(0.0, abs=1e-6)  # the model's exposure at N0 differs from the measured one
+
+
+def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from tests.live_server import live_server
+
+    exp = _import(api, "cli plan", [("compile", "bf16"), ("float8", "fp8-tensorwise")], True)
+    settings = replace(test_settings, clusters_file=str(tmp_path / "clusters.toml"))
+    with live_server(settings) as url:
+        base = ["plan", str(exp), "--max-gpus", "1024", "--cluster", "grand-teton-h100", "--server", url]
+        table = CliRunner().invoke(app, [*base, "--tokens", "1T", "--gpu-hour-cost", "2"])
+        as_json = CliRunner().invoke(app, [*base, "--tokens", "500B", "--json"])
+        bad = CliRunner().invoke(app, [*base, "--tokens", "lots"])
+        missing = CliRunner().invoke(app, ["plan", "999999", "--tokens", "1T", "--max-gpus", "8", "--server", url])
+    assert table.exit_code == 0, table.output
+    assert "fastest within the cap: N=1024 fp8-tensorwise fsdp (projected)" in table.output
+    assert "cheapest with E(N) >= 90%: N=8 fp8-tensorwise fsdp (measured)" in table.output
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout)["tokens"] == 5e11
+    assert bad.exit_code == 1 and "allowed" in bad.output
+    assert missing.exit_code == 1 and "experiment 999999 does not exist" in missing.output
