@@ -198,3 +198,9 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["tokens"] == 5e11
     assert bad.exit_code == 1 and "allowed" in bad.output
     assert missing.exit_code == 1 and "experiment 999999 does not exist" in missing.output
+
+
+def test_dashboard_loads_the_projection_script(api) -> None:
+    assert '<script src="/static/projection.js"></script>' in api.get("/").text
+    js = api.get("/static/projection.js")
+    assert js.status_code == 200 and "/projection" in js.text and "SBProjection" in js.text
