@@ -141,11 +141,14 @@ class _Model:
         self.w, self.net, self.gpn, self.n0 = w, net, gpus_per_node, n0
         self.step0_ms, self.breakdown = step0_ms, breakdown
         bd = breakdown or {}
-        self.idle_ms = float(bd.get("idle_ms") or 0.0)
-        self.optimizer0_ms = float(bd.get("optimizer_ms") or 0.0)
-        if bd.get("step_ms"):
-            share = (bd["step_ms"] - bd.get("exposed_communication_ms", 0.0) - self.idle_ms) / bd["step_ms"]
-            target = step0_ms * share - self.optimizer0_ms
+        # The breakdown's ms come from the profiled steps; scale them to the measured step time at N0.
+        has_breakdown = float(bd.get("step_ms") or 0.0) > 0
+        scale = step0_ms / bd["step_ms"] if has_breakdown else 0.0
+        self.idle_ms = float(bd.get("idle_ms") or 0.0) * scale
+        self.optimizer0_ms = float(bd.get("optimizer_ms") or 0.0) * scale
+        if has_breakdown:
+            exposed_ms = float(bd.get("exposed_communication_ms") or 0.0) * scale
+            target = step0_ms - exposed_ms - self.idle_ms - self.optimizer0_ms  # compute share x step, less optimizer
 
             def with_interference(c: float) -> float:
                 p = self.parts(n0, c, optimizer_ms=0.0, idle_ms=0.0)
