@@ -188,7 +188,9 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
     pts = {n: x for n, x in measured.items() if n != model.n0 and _fits(model.w, n)}
     if not pts:
         return Calibration(fitted=False, reason="needs measured points at 2 or more N (only N0 measured)"), model
-    names = ("inter_node_efficiency", "device_speed_cv") if len(pts) >= 2 else ("device_speed_cv",)
+    # The inter-node efficiency only where a second measured point crosses nodes (else nothing constrains it).
+    crosses = any(n > model.gpn for n in pts)
+    names = ("inter_node_efficiency", "device_speed_cv") if len(pts) >= 2 and crosses else ("device_speed_cv",)
 
     def rms(m: _Model) -> float:
         return math.sqrt(sum((m.tokens_per_sec(n) / x - 1) ** 2 for n, x in pts.items()) / len(pts))
@@ -198,7 +200,8 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
         return rms(m), m
 
     # A coarse grid over each factor's range, then a finer one around the best (bounds: FIT_RANGES).
-    before, best, ranges = rms(model), (math.inf, model, {}), {k: FIT_RANGES[k] for k in names}
+    before, ranges = rms(model), {k: FIT_RANGES[k] for k in names}
+    best = (before, model, {k: getattr(model.net, k) for k in names})  # moved only by a strictly better fit
     for _ in range(4):
         grids = {k: [lo + (hi - lo) * i / 6 for i in range(7)] for k, (lo, hi) in ranges.items()}
         combos: list[dict[str, float]] = [{}]

@@ -219,3 +219,9 @@ def test_token_counts_parse_with_suffixes():
         with pytest.raises(ValueError, match="allowed"):
             parse_token_count(bad)
     assert math.isclose(parse_token_count("1,000,000"), 1e6)
+
+
+def test_calibration_leaves_the_network_alone_when_no_point_crosses_nodes():
+    measured = {1: 7000.0, 2: 6900.0, 4: 6800.0, 8: 6700.0}
+    cal = projected(runs(measured), [64], calibrate=True).series[0].calibration
+    assert cal.fitted and set(cal.parameters) == {"device_speed_cv"} and cal.num_points == 3
