@@ -22,6 +22,7 @@ from api.routers import (
     health,
     imports,
     metrics,
+    projection,
     regressions,
     runs,
     suites,
@@ -46,6 +47,7 @@ ROUTERS: list[APIRouter] = [
     regressions.router,
     webhooks.router,
     metrics.router,
+    projection.router,
 ]
 
 DESCRIPTION = """\

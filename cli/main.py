@@ -7,7 +7,7 @@ import logging
 
 import typer
 
-from cli import plot, token
+from cli import plan, plot, token
 from cli import runs as cli_runs
 from cli import up as cli_up
 
@@ -19,7 +19,7 @@ GROUPS: list[tuple[str, typer.Typer]] = [
 ]
 for _name, _group in GROUPS:
     app.add_typer(_group, name=_name)
-for _commands in (cli_up, cli_runs, plot):  # top-level commands: up, submit, ls, show, cancel, logs, plot
+for _commands in (cli_up, cli_runs, plot, plan):  # top-level: up, submit, ls, show, cancel, logs, plot, plan
     _commands.register(app)
 
 

@@ -1,4 +1,23 @@
-"""Clusters: where runs execute. Loaded from a TOML file (path from settings); `local-cpu` always exists."""
+"""Clusters: where runs execute. Loaded from a TOML file (path from settings); `local-cpu` always exists.
+
+A cluster may describe its network in a `[cluster.network]` table (core.network.Network): a node `platform`
+(h100-hgx, h200-hgx, b200-hgx, mi300x-platform, mi325x-platform, mi355x-platform) and a `nic` (ib-400g,
+roce-400g, ib-800g) fill the defaults, and any field beside them overrides one, e.g.
+
+    [[cluster]]
+    name = "h100-pod"
+    vendor = "nvidia"
+    device_name = "NVIDIA H100 80GB HBM3"
+    gpus_per_node = 8
+    max_nodes = 128
+    [cluster.network]
+    platform = "h100-hgx"          # NVLink 4 / NVSwitch: 450 GB/s per GPU per direction
+    nic = "ib-400g"                # one 400 Gbit/s NIC per GPU
+    inter_node_efficiency = 0.75   # optional override
+
+Projections (GET /experiments/{id}/projection) read it; runs do not. Without one, a projection assumes the
+platform the device name implies with a 400G InfiniBand NIC per GPU, and says so.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +26,8 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from core.network import Network
 
 # sbatch options a cluster config may add; anything else is refused (values are passed as arguments).
 SBATCH_ALLOWED_OPTIONS = ("--constraint", "--exclusive", "--reservation", "--mem", "--cpus-per-task",
@@ -50,6 +71,7 @@ class Cluster(BaseModel):
     launcher: Literal["local", "slurm"] = "local"
     queue: str = Field("", description="Celery queue of this cluster's workers (default: the cluster name).")
     slurm: SlurmOptions | None = None
+    network: Network | None = Field(None, description="Links for projections: platform, nic and overrides.")
 
     @property
     def max_devices(self) -> int:

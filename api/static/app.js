@@ -95,6 +95,7 @@ function experimentPage(id) {
       poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`)]);
     if (runs.changed) renderRuns(runs.data.items);
     if (scaling.changed) renderScaling(scaling.data);
+    if (window.SBProjection) await SBProjection.update(id);  // projection.js: dashed projected points
     if (losses.changed) { lossN = fillLossSelect(lossSelect, losses.data, lossN); drawLosses(losses.data, lossN); }
   });
 }

@@ -1,0 +1,84 @@
+// Projected scaling on the experiment page: GET /experiments/{id}/projection (the experiment's cluster network),
+// drawn dashed after the last measured point of each series on the throughput and efficiency charts, with
+// the network and the model's error at measured points listed under the fits. A cluster that describes no
+// network (and whose device implies none) gives a note instead of lines.
+// Chart containers get data-projected (projected points drawn) for tests and users.
+"use strict";
+
+(function () {
+  const PANELS = { throughput: ["tokens_per_sec", "measured_tokens_per_sec", 1], efficiency: ["efficiency", "measured_efficiency", 100] };
+  const PROJECTED_DASH = [6, 5];
+  const state = { id: null, body: null, error: null };
+
+  function noteEl() {
+    let el = document.getElementById("projection-note");
+    const fits = document.getElementById("fits");
+    if (!el && fits) {
+      el = document.createElement("div");
+      el.id = "projection-note";
+      el.className = "note";
+      fits.insertAdjacentElement("afterend", el);
+    }
+    return el;
+  }
+
+  // Per series: the last measured point, then every projected point beyond it (the dashed continuation).
+  function datasets(body, kind) {
+    const [attr, measuredAttr, scale] = PANELS[kind];
+    const precisions = [...new Set(body.series.map((s) => s.key.precision))];
+    return body.series.map((s) => {
+      const measured = s.points.filter((p) => p[measuredAttr] !== null && p[measuredAttr] !== undefined);
+      const last = measured.length ? measured[measured.length - 1] : null;
+      const beyond = s.points.filter((p) => !last || p.num_devices > last.num_devices);
+      if (!beyond.length) return null;
+      const data = (last ? [{ x: last.num_devices, y: last[measuredAttr] * scale, anchor: true }] : [])
+        .concat(beyond.map((p) => ({ x: p.num_devices, y: p[attr] * scale })));
+      const color = SB.colorOf(s.key.precision, precisions.indexOf(s.key.precision));
+      return { label: `${s.key.precision} · ${s.key.layout} (projected)`, data, borderColor: color,
+        backgroundColor: "#fff", borderDash: PROJECTED_DASH, borderWidth: 1.6, pointRadius: (c) => (c.raw && c.raw.anchor ? 0 : 3),
+        pointStyle: "circle", _projected: true, _nProjected: beyond.length };
+    }).filter(Boolean);
+  }
+
+  function draw() {
+    const body = state.body;
+    for (const kind of Object.keys(PANELS)) {
+      const el = document.getElementById(`chart-${kind}`);
+      const canvas = el && el.querySelector("canvas");
+      const chart = canvas && Chart.getChart(canvas);
+      if (!chart) continue;
+      chart.data.datasets = chart.data.datasets.filter((d) => !d._projected);
+      const extra = body ? datasets(body, kind) : [];
+      chart.data.datasets.push(...extra);
+      const xs = chart.data.datasets.flatMap((d) => (d._ref ? [] : d.data.map((p) => p.x)));
+      if (xs.length) chart.options.scales.x = SB.gpuAxis([...new Set(xs)].sort((a, b) => a - b));
+      chart.update("none");
+      el.dataset.projected = String(extra.reduce((n, d) => n + d._nProjected, 0));
+    }
+    const el = noteEl();
+    if (!el) return;
+    if (state.error) { el.innerHTML = `<div><b>Projection</b>: none (${esc(state.error)})</div>`; return; }
+    if (!body) { el.innerHTML = ""; return; }
+    const n = body.network, net = n.network;
+    const errors = body.series.flatMap((s) => s.points.filter((p) => p.error !== null && p.num_devices !== s.baseline_num_devices)
+      .map((p) => `${esc(s.key.precision)} · ${esc(s.key.layout)} N=${p.num_devices}: E ${SB.fmt(100 * p.efficiency, 1)}% vs measured ${SB.fmt(100 * p.measured_efficiency, 1)}%`));
+    el.innerHTML = `<div><b>Projection</b> (dashed) on <b>${esc(n.cluster)}</b>: ${esc(n.source)} · intra-node ${SB.fmt(net.intra_node_gb_per_s, 0)} GB/s,
+      inter-node ${SB.fmt(n.inter_node_gb_per_s, 0)} GB/s per GPU, efficiency ${net.intra_node_efficiency}/${net.inter_node_efficiency},
+      ${n.gpus_per_node} GPUs per node · <a href="/experiments/${state.id}/projection?format=csv">CSV</a>
+      ${errors.length ? ` · model vs measured: ${errors.join("; ")}` : ""}</div>`;
+  }
+
+  // Called by the experiment page after each scaling render (redrawn charts lose the projected lines).
+  async function update(id) {
+    if (state.id !== id) { state.id = id; state.body = null; state.error = null; }
+    try {
+      const { data } = await poll(`/experiments/${id}/projection`);
+      state.body = data; state.error = null;
+    } catch (err) {
+      state.body = null; state.error = err.message;
+    }
+    draw();
+  }
+
+  window.SBProjection = { update, datasets };
+})();

@@ -1,0 +1,290 @@
+"""Projected scaling curves from measured points (pure): X(N), E(N), S(N) at device counts not measured.
+
+For each series of a scaling report (core.scaling): take its smallest measured N (N0), find the per-device
+compute time there, then model the step at every asked N (core.step_model: compute + the collectives the
+layout needs, minus what overlap hides, on the cluster's network, core.network).
+
+- Compute at N0: with a step breakdown (the run result's `breakdown.median`, ms per step), the compute share
+  (step_ms - exposed_communication_ms - idle_ms) / step_ms of the step, less the model's own slow-down of
+  overlapped compute; without one, the compute for which the model reproduces the measured step time.
+- Weak scaling keeps the compute per device; strong scaling divides it by dp(N) / dp(N0).
+- Projected E(N) = X(N) / (X(N0) N / N0) on the projected curve; S(N) = X_fp8(N) / X_bf16(N), both projected.
+- Where a point was also measured, both are given, with the error (projected - measured) / measured.
+- Calibration (optional): fit the inter-node efficiency and the device speed spread to the series' measured
+  points beyond N0 (only the spread with one such point), and report the fit's error before and after.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from core.network import Network
+from core.scaling import ScalingReport, Series, SeriesKey
+from core.specs import FP8_PRECISIONS
+from core.step_model import StepParts, Workload, solve_compute, step_time
+
+BREAKDOWN_KEYS = ("step_ms", "communication_ms", "exposed_communication_ms", "overlapped_communication_ms",
+                  "idle_ms", "gemm_bf16_ms", "gemm_fp8_ms", "fp8_cast_ms", "attention_ms", "elementwise_ms",
+                  "optimizer_ms")
+ASSUMPTIONS = (
+    "collective cost: alpha-beta model of NCCL/RCCL rings (all-gather, reduce-scatter) and the faster of ring "
+    "and tree (all-reduce); latency per call and per ring step from NCCL's tuning model",
+    "a ring crossing nodes uses one channel per NIC (rail-aligned): bus bandwidth = min(intra-node per GPU x "
+    "efficiency, NIC per GPU x efficiency x ranks of the group per node)",
+    "FSDP/HSDP: per-block units plus a root unit (embedding, output, final norm); forward gathers all, "
+    "backward all but the last block and the root; gradients reduce-scattered in fp32; one-block prefetch",
+    "fp8 all-gather (fp8-tensorwise with fp8_all_gather): block linear weights gathered in 1 byte; norms and "
+    "root in bf16; the small amax all-reduce of the scales is not modelled",
+    "DDP: one fp32 all-reduce bucket per block and one for the root; TP: sequence-parallel collectives on the "
+    "critical path (no async TP), activations gathered in fp8 with fp8-tensorwise",
+    "forward : backward compute = 1 : 2 (1 : 3 with full activation checkpointing); the output layer's "
+    "compute (6 V d FLOPs per token) runs outside the per-block overlap",
+    "overlapped compute runs slower by collective_sm_fraction while a collective occupies compute units",
+    "a step waits for the slowest of N devices: compute x (1 + device_speed_cv x E[max of N normals])",
+    "without a breakdown the optimizer step is part of the compute and does not shrink with sharding; with "
+    "one, optimizer_ms shrinks with the shard count and idle_ms is carried unchanged",
+)
+
+
+# What a calibration may move, and within which bounds.
+FIT_RANGES = {"inter_node_efficiency": (0.05, 1.0), "device_speed_cv": (0.0, 0.1)}
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ProjectedPoint(_Out):
+    num_devices: int
+    status: Literal["projected"] = "projected"
+    tokens_per_sec: float  # projected X(N), global
+    tokens_per_sec_per_device: float
+    efficiency: float  # projected E(N) against the projected X(N0)
+    fp8_speedup: float | None = None  # projected S(N); fp8 series with a bf16 partner
+    step_ms: float
+    compute_ms: float
+    straggler_ms: float
+    communication_ms: float
+    exposed_communication_ms: float
+    hidden_communication_ms: float
+    interference_ms: float
+    tp_communication_ms: float
+    optimizer_ms: float
+    idle_ms: float
+    dp_bus_gb_per_s: float
+    dp_bound: str  # none | intra-node | inter-node
+    beyond_cluster: bool = False  # N above the cluster's configured size
+    measured_tokens_per_sec: float | None = None
+    measured_efficiency: float | None = None
+    error: float | None = None  # (projected - measured) / measured X(N)
+    efficiency_error_pp: float | None = None  # projected - measured E(N), percentage points
+
+
+class Calibration(_Out):
+    fitted: bool
+    reason: str | None = None
+    parameters: dict[str, float] = {}
+    num_points: int = 0  # measured points beyond N0 fitted
+    rms_rel_error_before: float | None = None
+    rms_rel_error_after: float | None = None
+    max_abs_rel_error_after: float | None = None
+
+
+class ProjectedSeries(_Out):
+    key: SeriesKey
+    baseline_num_devices: int | None
+    baseline_tokens_per_sec: float | None  # measured X(N0)
+    compute_source: str  # breakdown | fitted to the measured step
+    compute_ms: float | None  # per device at N0, the mean device, before waiting for the slowest
+    points: list[ProjectedPoint]
+    calibration: Calibration | None = None
+    notes: list[str] = []
+
+
+class NetworkUsed(_Out):
+    cluster: str
+    source: str  # where the description came from
+    gpus_per_node: int
+    max_devices: int | None
+    inter_node_gb_per_s: float  # per GPU per direction (its NICs)
+    network: Network
+
+
+class ProjectionReport(_Out):
+    network: NetworkUsed
+    gpu_counts: list[int]
+    assumptions: list[str]
+    series: list[ProjectedSeries]
+
+
+# ------------------------------------------------------------------------------------------- series
+
+
+def _fits(w: Workload, n: int) -> bool:
+    try:
+        w.degrees(n)
+        w.sequences_per_dp_rank(n)
+    except (ValueError, AssertionError):
+        return False
+    return True
+
+
+class _Model:
+    """One series' model: its workload and network, and the compute found at N0."""
+
+    def __init__(self, w: Workload, net: Network, gpus_per_node: int, n0: int, step0_ms: float,
+                 breakdown: Mapping[str, float] | None):
+        self.w, self.net, self.gpn, self.n0 = w, net, gpus_per_node, n0
+        self.step0_ms, self.breakdown = step0_ms, breakdown
+        bd = breakdown or {}
+        # The breakdown's ms come from the profiled steps; scale them to the measured step time at N0.
+        has_breakdown = float(bd.get("step_ms") or 0.0) > 0
+        scale = step0_ms / bd["step_ms"] if has_breakdown else 0.0
+        self.idle_ms = float(bd.get("idle_ms") or 0.0) * scale
+        self.optimizer0_ms = float(bd.get("optimizer_ms") or 0.0) * scale
+        if has_breakdown:
+            exposed_ms = float(bd.get("exposed_communication_ms") or 0.0) * scale
+            target = step0_ms - exposed_ms - self.idle_ms - self.optimizer0_ms  # compute share x step, less optimizer
+
+            def with_interference(c: float) -> float:
+                p = self.parts(n0, c, optimizer_ms=0.0, idle_ms=0.0)
+                return p.compute_ms + p.interference_ms  # the waits for slower devices show as exposed comm
+
+            self.source = "breakdown"
+            self.compute0_ms = solve_compute(target, with_interference)
+        else:
+            self.source = "fitted to the measured step"
+            self.compute0_ms = solve_compute(step0_ms, lambda c: self.parts(n0, c).step_ms)
+
+    def parts(self, n: int, compute0_ms: float | None = None, **fixed: float) -> StepParts:
+        c0 = compute_ms_scale(self.w, self.n0, n) * (self.compute0_ms if compute0_ms is None else compute0_ms)
+        opt = fixed.get("optimizer_ms", self.optimizer0_ms * _shard_ratio(self.w, self.n0, n))
+        idle = fixed.get("idle_ms", self.idle_ms)
+        return step_time(self.w, self.net, n, self.gpn, c0, optimizer_ms=opt, idle_ms=idle)
+
+    def tokens_per_sec(self, n: int) -> float:
+        return self.w.tokens_per_step(n) / self.parts(n).step_ms * 1e3
+
+
+def compute_ms_scale(w: Workload, n0: int, n: int) -> float:
+    """Per-device compute at N relative to N0: 1 for weak scaling, tokens per device ratio for strong."""
+    return (w.sequences_per_dp_rank(n) / w.sequences_per_dp_rank(n0)) if w.scaling == "strong" else 1.0
+
+
+def _shard_ratio(w: Workload, n0: int, n: int) -> float:
+    d0, d = w.degrees(n0), w.degrees(n)
+    return d0.dp_shard / d.dp_shard if d.dp_mode in ("fsdp", "hsdp") else 1.0
+
+
+def _around(value: float, width: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    return max(bounds[0], value - width), min(bounds[1], value + width)
+
+
+def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibration, _Model]:
+    pts = {n: x for n, x in measured.items() if n != model.n0 and _fits(model.w, n)}
+    if not pts:
+        return Calibration(fitted=False, reason="needs measured points at 2 or more N (only N0 measured)"), model
+    # The inter-node efficiency only where a second measured point crosses nodes (else nothing constrains it).
+    crosses = any(n > model.gpn for n in pts)
+    names = ("inter_node_efficiency", "device_speed_cv") if len(pts) >= 2 and crosses else ("device_speed_cv",)
+
+    def rms(m: _Model) -> float:
+        return math.sqrt(sum((m.tokens_per_sec(n) / x - 1) ** 2 for n, x in pts.items()) / len(pts))
+
+    def fit(combo: dict[str, float]) -> tuple[float, _Model]:
+        m = _Model(model.w, model.net.model_copy(update=combo), model.gpn, model.n0, model.step0_ms, model.breakdown)
+        return rms(m), m
+
+    # A coarse grid over each factor's range, then a finer one around the best (bounds: FIT_RANGES).
+    before, ranges = rms(model), {k: FIT_RANGES[k] for k in names}
+    best = (before, model, {k: getattr(model.net, k) for k in names})  # moved only by a strictly better fit
+    for _ in range(4):
+        grids = {k: [lo + (hi - lo) * i / 6 for i in range(7)] for k, (lo, hi) in ranges.items()}
+        combos: list[dict[str, float]] = [{}]
+        for name in names:
+            combos = [c | {name: v} for c in combos for v in grids[name]]
+        for combo in combos:
+            err, m = fit(combo)
+            if err < best[0]:
+                best = (err, m, combo)
+        ranges = {k: _around(best[2][k], (hi - lo) / 6, FIT_RANGES[k]) for k, (lo, hi) in ranges.items()}
+    err, fitted, combo = best
+    worst = max(abs(fitted.tokens_per_sec(n) / x - 1) for n, x in pts.items())
+    return Calibration(fitted=True, parameters=combo, num_points=len(pts), rms_rel_error_before=before,
+                       rms_rel_error_after=err, max_abs_rel_error_after=worst), fitted
+
+
+def _workload(key: SeriesKey, spec: Mapping) -> Workload:
+    return Workload(model=key.model, num_layers=key.num_layers, precision=key.precision, layout=key.layout,
+                    scaling=key.scaling, seq_len=int(spec.get("seq_len", 2048)),
+                    local_batch_size=spec.get("local_batch_size"), global_batch_size=spec.get("global_batch_size"),
+                    fp8_all_gather=bool(spec.get("fp8_all_gather", False)),
+                    activation_checkpointing=spec.get("activation_checkpointing", "none"))
+
+
+def project_series(series: Series, spec: Mapping, net: Network, gpus_per_node: int, gpu_counts: Sequence[int], *,
+                   breakdown: Mapping[str, float] | None = None, calibrate: bool = False,
+                   max_devices: int | None = None) -> tuple[ProjectedSeries, dict[int, float]]:
+    """One series projected at gpu_counts; also {N: projected X} for the fp8 speedups."""
+    measured = {p.num_devices: p.tokens_per_sec for p in series.points if p.tokens_per_sec}
+    meas_eff = {p.num_devices: p.efficiency for p in series.points if p.efficiency is not None}
+    if not measured:
+        return ProjectedSeries(key=series.key, baseline_num_devices=None, baseline_tokens_per_sec=None,
+                               compute_source="none", compute_ms=None, points=[],
+                               notes=["no measured point: nothing to project from"]), {}
+    w, n0 = _workload(series.key, spec), min(measured)
+    step0_ms = w.tokens_per_step(n0) / measured[n0] * 1e3
+    model = _Model(w, net, gpus_per_node, n0, step0_ms, breakdown)
+    calibration = None
+    if calibrate:
+        calibration, model = _calibrate(model, measured)
+    counts = sorted(set(gpu_counts) | set(measured))
+    skipped = [n for n in counts if not _fits(w, n)]
+    x0 = model.tokens_per_sec(n0)
+    points, xs = [], {}
+    for n in (n for n in counts if n not in skipped):
+        parts, x = model.parts(n), model.tokens_per_sec(n)
+        xs[n] = x
+        m, me = measured.get(n), meas_eff.get(n)
+        eff = x / (x0 * n / n0)
+        points.append(ProjectedPoint(
+            num_devices=n, tokens_per_sec=x, tokens_per_sec_per_device=x / n, efficiency=eff,
+            **{k: v for k, v in vars(parts).items() if k != "compute_ms"}, compute_ms=parts.compute_ms,
+            beyond_cluster=bool(max_devices and n > max_devices), measured_tokens_per_sec=m,
+            measured_efficiency=me, error=(x / m - 1) if m else None,
+            efficiency_error_pp=100 * (eff - me) if me is not None else None))
+    notes = [f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}"] if skipped else []
+    out = ProjectedSeries(key=series.key, baseline_num_devices=n0, baseline_tokens_per_sec=measured[n0],
+                          compute_source=model.source, compute_ms=model.compute0_ms, points=points,
+                          calibration=calibration, notes=notes)
+    return out, xs
+
+
+def project_report(report: ScalingReport, spec: Mapping, net: NetworkUsed, gpu_counts: Sequence[int], *,
+                   breakdowns: Mapping[tuple[str, str, int], Mapping[str, float]] | None = None,
+                   calibrate: bool = False) -> ProjectionReport:
+    """Every series of a scaling report projected; breakdowns keyed by (precision, layout, N)."""
+    out, xs = [], {}
+    for s in report.series:
+        n0 = min((p.num_devices for p in s.points if p.tokens_per_sec), default=None)
+        bd = (breakdowns or {}).get((s.key.precision, s.key.layout, n0)) if n0 else None
+        ps, x = project_series(s, spec, net.network, net.gpus_per_node, gpu_counts, breakdown=bd,
+                               calibrate=calibrate, max_devices=net.max_devices)
+        out.append(ps)
+        xs[s.key] = x
+    out = [_with_speedups(ps, xs) for ps in out]
+    return ProjectionReport(network=net, gpu_counts=sorted(set(gpu_counts)), assumptions=list(ASSUMPTIONS),
+                            series=out)
+
+
+def _with_speedups(ps: ProjectedSeries, xs: Mapping[SeriesKey, dict[int, float]]) -> ProjectedSeries:
+    if ps.key.precision not in FP8_PRECISIONS:
+        return ps
+    ref = xs.get(ps.key.model_copy(update={"precision": "bf16"}), {})
+    pts = [p.model_copy(update={"fp8_speedup": p.tokens_per_sec / ref[p.num_devices]})
+           if p.num_devices in ref else p for p in ps.points]
+    return ps.model_copy(update={"points": pts})
