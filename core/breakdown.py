@@ -20,6 +20,8 @@ its parts need not add up to its step_ms exactly; each rank's do).
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 import statistics
 from collections import defaultdict
@@ -90,6 +92,61 @@ def median_over_ranks(per_rank: Sequence[StepBreakdown]) -> StepBreakdown:
 def exposed_share(b: StepBreakdown) -> float | None:
     """Exposed communication as a fraction of the step."""
     return b.exposed_communication_ms / b.step_ms if b.step_ms > 0 else None
+
+
+# ------------------------------------------------------------------------------- along N, per series
+
+
+class BreakdownPoint(StepBreakdown):
+    """One series at one N: each category the median over the runs (repeats) of their median over ranks."""
+
+    num_devices: int
+    num_runs: int
+    run_ids: list[int]
+    exposed_communication_share: float | None  # exposed_communication_ms / step_ms, a fraction
+
+
+class BreakdownSeries(_Strict):
+    precision: str
+    layout: str
+    points: list[BreakdownPoint]
+
+
+class ExperimentBreakdown(_Strict):
+    experiment_id: int
+    categories: list[str] = list(CATEGORY_KEYS)  # every figure of a point, ms per step
+    partition: list[str] = list(PARTITION)  # the parts of a step: they add up to step_ms
+    series: list[BreakdownSeries]  # empty when no run was profiled (profile_steps 0)
+
+
+def experiment_breakdown(experiment_id: int,
+                         runs: Iterable[tuple[int, str, str, int, Breakdown]]) -> ExperimentBreakdown:
+    """Series (precision x layout) of (run id, precision, layout, N, breakdown) rows, points by N."""
+    groups: dict[tuple[str, str], dict[int, list[tuple[int, Breakdown]]]] = defaultdict(lambda: defaultdict(list))
+    for run_id, precision, layout, n, b in runs:
+        groups[(precision, layout)][n].append((run_id, b))
+    series = []
+    for (precision, layout), by_n in sorted(groups.items()):
+        points = []
+        for n, rs in sorted(by_n.items()):
+            median = median_over_ranks([b.median for _, b in rs])
+            points.append(BreakdownPoint(num_devices=n, num_runs=len(rs), run_ids=[i for i, _ in rs],
+                                         exposed_communication_share=exposed_share(median), **median.model_dump()))
+        series.append(BreakdownSeries(precision=precision, layout=layout, points=points))
+    return ExperimentBreakdown(experiment_id=experiment_id, series=series)
+
+
+CSV_COLUMNS = ("precision", "layout", "num_devices", "num_runs", *CATEGORY_KEYS, "exposed_communication_share")
+
+
+def breakdown_csv(report: ExperimentBreakdown) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for s in report.series:
+        for p in s.points:
+            writer.writerow({"precision": s.precision, "layout": s.layout, **p.model_dump()})
+    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------------------------- rules
