@@ -170,3 +170,26 @@ def test_worker_ships_each_ranks_trace_and_the_api_streams_it(client, pg_session
     assert "has no trace" in none.json()["detail"] and "profile_steps" in none.json()["detail"]
     assert client.get(f"/runs/{ids[0]}/trace", params={"rank": -1}).status_code == 422
     assert client.get("/runs/999999/trace").status_code == 404
+
+
+def test_show_prints_the_breakdown_table(test_settings, api_token, pg_session_factory):
+    from typer.testing import CliRunner
+
+    from cli.main import app as cli
+    from tests.live_server import live_server
+
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s, profile_steps=3, steps=10)
+        plain_id, _ = add_experiment(s, name="unprofiled")
+    record_profiled(pg_session_factory, exp_id)
+    record_profiled(pg_session_factory, plain_id, skip={(p, n) for p in ("bf16", "fp8-tensorwise") for n in (1, 2, 4)})
+    with live_server(test_settings) as url:
+        shown = CliRunner().invoke(cli, ["show", str(exp_id), "--server", url, "--token", api_token])
+        plain = CliRunner().invoke(cli, ["show", str(plain_id), "--server", url, "--token", api_token])
+    assert shown.exit_code == 0, shown.output
+    assert "Where the step time goes" in shown.stdout and "exp%" in shown.stdout
+    rows = [line.split("│") for line in shown.stdout.splitlines() if "fp8-tensorwise" in line and "│ 4 " in line]
+    cells = [c.strip() for c in rows[-1]]
+    step = step_breakdown(4, "fp8-tensorwise")["step_ms"] + 3 * 1.5  # three parts grow by rank; ranks 0..3
+    assert f"{step:.1f}" in cells and "19.5" in cells and f"{19.5 / step:.1%}" in cells, "|".join(cells)
+    assert plain.exit_code == 0 and "Scaling" in plain.stdout and "Where the step time goes" not in plain.stdout
