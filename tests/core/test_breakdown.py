@@ -172,3 +172,54 @@ def test_rules_on_a_recorded_cpu_trace(recorded):
     b = result.breakdown.median
     assert b.gemm_fp8_ms > 0 and b.fp8_cast_ms > 0 and b.gemm_bf16_ms > 0 and b.attention_ms > 0
     assert b.communication_ms == 0 and sum(getattr(b, k) for k in PARTITION) == pytest.approx(b.step_ms)
+
+
+# ------------------------------------------------------------------------------- a GPU trace's shape
+
+
+def _gpu_trace() -> dict:
+    """Kineto's chrome-trace layout on a GPU: CPU ops and runtime launches on the host thread, kernels on the
+    device's streams linked to their launch by correlation id. Two steps (5, 6), then the end marker."""
+    ev: list[dict] = []
+    ext = iter(range(1, 10_000))
+
+    def cpu(name, ts, dur, cat="cpu_op"):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur,
+                   "args": {"External id": next(ext)}})
+        return ev[-1]["args"]["External id"]
+
+    def launch(op_ext, ts, kernel, start, dur, stream=7):
+        corr = next(ext)
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": 100, "ts": ts,
+                   "dur": 2, "args": {"External id": op_ext, "correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": stream, "ts": start, "dur": dur,
+                   "args": {"External id": op_ext, "device": 0, "stream": stream, "correlation": corr}})
+
+    for step, t in ((5, 0), (6, 1000)):
+        cpu(f"scalebench.step#{step}", t, 900, cat="user_annotation")
+        cpu("matmul_with_hp_or_float8_args", t + 10, 100)
+        launch(cpu("aten::abs", t + 12, 5), t + 13, "vectorized_elementwise_kernel<AbsFunctor>", t + 100, 50)
+        launch(cpu("aten::_scaled_mm", t + 30, 5), t + 31, "nvjet_sm90_qqtst_128x128", t + 150, 300)
+        launch(cpu("c10d::_allgather_base_", t + 200, 5), t + 201, "ncclDevKernel_AllGather_RING_LL", t + 300, 400,
+               stream=20)
+        launch(cpu("aten::add", t + 300, 5), t + 301, "triton_poi_fused_add_0", t + 450, 100)
+    cpu("scalebench.profile_end", 1950, 20, cat="user_annotation")
+    launch(cpu("aten::zeros", 1951, 5), 1952, "vectorized_elementwise_kernel<FillFunctor>", 2100, 1)
+    return {"traceEvents": ev}
+
+
+def test_gpu_timeline_links_kernels_to_their_launching_ops_and_windows_to_steps():
+    events, windows, timeline = timeline_from_chrome_trace(_gpu_trace())
+    assert timeline == "gpu"
+    # step 5 starts at its first kernel (100); step 6 at its first (1100); the end marker's kernel ends step 6
+    assert [(w.step, w.start_us, w.end_us) for w in windows] == [(5, 100, 1100), (6, 1100, 2100)]
+    assert len(events) == 8 and all(e.track in ("gpu0:stream7", "gpu0:stream20") for e in events)
+    abs_kernel = next(e for e in events if "AbsFunctor" in e.name)
+    assert abs_kernel.context[-2:] == ("matmul_with_hp_or_float8_args", "aten::abs")
+    b = rank_breakdown(0, events, windows)
+    # per step: cast 50 (an abs under a float8 scope), fp8 GEMM 300, elementwise 100; collective 300-700 with
+    # compute 300-450 and 450-550: 250 overlapped, 150 exposed; idle = 1000 - 50 - 300 - 100 - 150
+    assert (b.fp8_cast_ms, b.gemm_fp8_ms, b.elementwise_ms) == (0.05, 0.3, 0.1)
+    assert b.communication_ms == pytest.approx(0.4) and b.overlapped_communication_ms == pytest.approx(0.25)
+    assert b.exposed_communication_ms == pytest.approx(0.15) and b.idle_ms == pytest.approx(0.4)
+    assert b.step_ms == 1.0
