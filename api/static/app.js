@@ -95,8 +95,8 @@ function experimentPage(id) {
     const [runs, scaling, losses, breakdown] = await Promise.all([poll(`/experiments/${id}/runs?limit=1000`),
       poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`), poll(`/experiments/${id}/breakdown`)]);
     if (runs.changed) renderRuns(runs.data.items);
-    if (scaling.changed) renderScaling(scaling.data);
     if (breakdown.changed) SBBreakdown.render(document.getElementById("chart-breakdown"), breakdown.data);
+    if (scaling.changed) renderScaling(scaling.data);
     if (losses.changed) { lossN = fillLossSelect(lossSelect, losses.data, lossN); drawLosses(losses.data, lossN); }
   });
 }
