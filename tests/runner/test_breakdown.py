@@ -2,8 +2,9 @@
 
 Three runs of the debug shape (6 steps: 1 warm-up, 2 timed, 3 profiled): fp8-tensorwise at N=1 (emulated
 float8), fp32 FSDP at N=2 and N=4. Tolerance (stated): a rank's categories add up to its profiled window
-exactly (a partition, 1e-6 relative), and the median breakdown's step_ms is within 10% of the median step
-time the runner's own timer measured for the profiled steps.
+exactly (a partition, 1e-6 relative), and the median breakdown's parts add up to within 10% of the mean step
+time the runner's own timer measured for the profiled steps (measured here: within 1% per step, except the
+first profiled step, whose timer also holds the profiler's start, 2-40 ms).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def test_categories_add_up_to_the_measured_step_time(runs):
         b = result.breakdown
         for r in b.per_rank:
             assert sum(getattr(r, k) for k in PARTITION) == pytest.approx(r.step_ms, rel=1e-6)
-        measured = statistics.median(result.steps[s].step_ms for s in b.profiled_steps)
+        # the breakdown is a mean over the profiled steps: compare with the mean the timer measured for them
+        measured = statistics.fmean(result.steps[s].step_ms for s in b.profiled_steps)
         parts = sum(getattr(b.median, k) for k in PARTITION)
         assert parts == pytest.approx(measured, rel=0.10), (n, parts, measured)
         assert b.median.step_ms == pytest.approx(measured, rel=0.10), (n, b.median.step_ms, measured)
