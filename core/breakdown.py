@@ -11,6 +11,8 @@ thread runs the ops; gloo runs collectives on its own threads). At every instant
   time (record_function ranges such as FSDP::all_gather, where the host waits or runs Python) is no work;
 - compute running on any track: the instant goes to the compute categories running (split evenly when
   several tracks compute at once); else communication running: exposed communication; else idle.
+On CPU the host is the device: idle is mostly the interpreter and dispatch between ops, and a rank blocked on
+a collective (FSDP waiting for its all-gather) shows as exposed communication.
 So per step (ms):
     step_ms = gemm_bf16 + gemm_fp8 + fp8_cast + attention + elementwise + optimizer + exposed_comm + idle
     communication_ms = exposed_communication_ms + overlapped_communication_ms   (time any collective runs)
