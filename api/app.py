@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI
 from api.problems import install_problem_handlers
 from api.routers import (
     analysis,
+    breakdown,
     clusters,
     dashboard,
     experiments,
@@ -42,6 +43,7 @@ ROUTERS: list[APIRouter] = [
     health.router,
     imports.router,
     analysis.router,
+    breakdown.router,
     dashboard.router,
     suites.router,
     regressions.router,

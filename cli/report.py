@@ -1,7 +1,8 @@
 """The scaling report of an experiment as the CLI and the demo print it (rich tables).
 
 Two requests: the report as GET /experiments/{id}/scaling serves it (the numbers are the server's; nothing
-is recomputed here) and the experiment's runs page (GET /experiments/{id}/runs).
+is recomputed here) and the experiment's runs page (GET /experiments/{id}/runs); `show` makes a third, the
+step breakdown of profiled runs (GET /experiments/{id}/breakdown), printed when there is one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.client import ApiClient
+from core.breakdown import ExperimentBreakdown
 from core.scaling import ScalingReport
 
 
@@ -19,6 +21,11 @@ def fetch_report(client: ApiClient, experiment_id: int) -> tuple[ScalingReport, 
     """(the served scaling report, the experiment's runs)."""
     report = ScalingReport.model_validate(client.get(f"/experiments/{experiment_id}/scaling"))
     return report, client.all_runs(experiment_id)
+
+
+def fetch_breakdown(client: ApiClient, experiment_id: int) -> ExperimentBreakdown:
+    """The served step breakdown (series empty when no run was profiled)."""
+    return ExperimentBreakdown.model_validate(client.get(f"/experiments/{experiment_id}/breakdown"))
 
 
 def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -62,11 +69,35 @@ def speedup_table(report: ScalingReport) -> Table:
     return table
 
 
-def print_report(console: Console, report: ScalingReport, runs: list[dict[str, Any]] | None = None) -> None:
+BREAKDOWN_COLUMNS = (("step", "step_ms"), ("GEMM\nbf16", "gemm_bf16_ms"), ("GEMM\nfp8", "gemm_fp8_ms"),
+                     ("fp8\ncast", "fp8_cast_ms"), ("attn", "attention_ms"), ("elem-\nwise", "elementwise_ms"),
+                     ("optim", "optimizer_ms"), ("comm", "communication_ms"),
+                     ("comm\nexp.", "exposed_communication_ms"), ("idle", "idle_ms"))
+
+
+def breakdown_table(breakdown: ExperimentBreakdown) -> Table:
+    table = Table(title="Where the step time goes (ms per profiled step, median over ranks and runs)",
+                  title_justify="left", caption_justify="left",
+                  caption="step = GEMMs + fp8 amax/scale/cast + attention + elementwise + optimizer + exposed "
+                          "comm + idle; comm = exposed + overlapped (any collective running); exp% = exposed / step")
+    for col in ("precision", "layout", "N", *(c for c, _ in BREAKDOWN_COLUMNS), "exp%"):
+        table.add_column(col, justify="left" if col in ("precision", "layout") else "right", no_wrap=True)
+    for s in breakdown.series:
+        for p in s.points:
+            table.add_row(s.precision, s.layout, str(p.num_devices),
+                          *(f"{getattr(p, key):.1f}" for _, key in BREAKDOWN_COLUMNS),
+                          _num(p.exposed_communication_share, ".1%"))
+    return table
+
+
+def print_report(console: Console, report: ScalingReport, runs: list[dict[str, Any]] | None = None,
+                 breakdown: ExperimentBreakdown | None = None) -> None:
     if runs:
         console.print(runs_table(runs))
     console.print(scaling_table(report))
     if report.speedups:
         console.print(speedup_table(report))
+    if breakdown is not None and breakdown.series:
+        console.print(breakdown_table(breakdown))
     for note in [f"{s.key.precision}/{s.key.layout}: {n}" for s in report.series for n in s.notes]:
         console.print(f"note: {note}")

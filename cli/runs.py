@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from cli.client import ApiClient, CliError
-from cli.report import fetch_report, print_report
+from cli.report import fetch_breakdown, fetch_report, print_report
 
 # Wide tables when the output is a file or a pipe (rich would wrap at 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -190,6 +190,7 @@ def register(app: typer.Typer) -> None:
         with ApiClient(server, token) as client:
             exp = client.get(f"/experiments/{experiment_id}")
             report, runs = fetch_report(client, experiment_id)
+            breakdown = fetch_breakdown(client, experiment_id)
         if as_json:
             typer.echo(json.dumps(report.model_dump(mode="json"), indent=1))
             return
@@ -198,7 +199,7 @@ def register(app: typer.Typer) -> None:
             f"({exp['num_runs']} runs, {exp['progress']:.0%} done)",
             highlight=False,
         )
-        print_report(console, report, runs)
+        print_report(console, report, runs, breakdown)
 
     @app.command("cancel")
     @cli_errors

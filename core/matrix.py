@@ -77,6 +77,7 @@ def _run_spec(
         local_batch_size=local,
         steps=spec.steps,
         warmup_steps=spec.warmup_steps,
+        profile_steps=spec.profile_steps,
         compile=spec.compile,
         activation_checkpointing=spec.activation_checkpointing,
         fp8_all_gather=fp8_ag,

@@ -13,9 +13,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core.breakdown import Breakdown
 from core.shapes import MODEL_NAMES
 
 SCHEMA_VERSION = 1
+MAX_PROFILE_STEPS = 20  # profiled steps per run: each adds a few MB of trace per rank on a GPU
 
 Precision = Literal["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp32"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp32")
@@ -104,6 +106,14 @@ def resolve_layout(template: str, num_devices: int) -> ParallelDegrees:
     return ParallelDegrees(dp_mode="none", dp_replicate=1, dp_shard=1, tp=t, world_size=n)
 
 
+def check_profile_steps(steps: int, warmup_steps: int, profile_steps: int) -> None:
+    """At least one timed step must remain besides warm-up and the profiled steps."""
+    if profile_steps and steps - warmup_steps - profile_steps < 1:
+        raise ValueError(
+            f"profile_steps({profile_steps}) leaves no timed step: steps({steps}) - warmup_steps({warmup_steps}) "
+            f"- profile_steps({profile_steps}) must be at least 1")
+
+
 # ------------------------------------------------------------------------------------------ experiment
 
 
@@ -152,6 +162,10 @@ class ExperimentSpec(_Strict):
                                           description="Sequences per step over all ranks (strong scaling).")
     steps: int = Field(20, ge=2, le=100000, description="Training steps per run, warm-up included.")
     warmup_steps: int = Field(5, ge=0, description="Leading steps excluded from timing.")
+    profile_steps: int = Field(
+        0, ge=0, le=MAX_PROFILE_STEPS, description=(
+            "Last steps of each run recorded with torch.profiler on every rank (0: off), left out of the "
+            "throughput figures; the run gets a step-time breakdown and a trace (GET /runs/{id}/trace)."))
     repeats: int = Field(1, ge=1, le=20, description="Repeats of every point (throughput is their median).")
     compile: bool = Field(False, description="torch.compile each transformer block.")
     activation_checkpointing: Literal["none", "full"] = Field("none", description="Activation checkpointing.")
@@ -186,6 +200,7 @@ class ExperimentSpec(_Strict):
     def _consistent(self) -> ExperimentSpec:
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps({self.warmup_steps}) must be below steps({self.steps})")
+        check_profile_steps(self.steps, self.warmup_steps, self.profile_steps)
         if self.scaling == "strong" and self.global_batch_size is None:
             raise ValueError("global_batch_size is required for scaling 'strong'")
         if self.scaling == "weak" and self.global_batch_size is not None:
@@ -214,6 +229,7 @@ class RunSpec(_Strict):
     local_batch_size: int = Field(ge=1)
     steps: int = Field(ge=2)
     warmup_steps: int = Field(ge=0)
+    profile_steps: int = Field(0, ge=0, le=MAX_PROFILE_STEPS)  # the last steps, profiled; not in the run key
     compile: bool = False
     activation_checkpointing: Literal["none", "full"] = "none"
     fp8_all_gather: bool = False
@@ -246,11 +262,13 @@ class RunSpec(_Strict):
             raise ValueError(f"fp8_all_gather works only with fp8-tensorwise, not {self.precision}")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps({self.warmup_steps}) must be below steps({self.steps})")
+        check_profile_steps(self.steps, self.warmup_steps, self.profile_steps)
         return self
 
     def run_key(self) -> str:
-        """Stable hash of the normalized spec without cluster and repeat: equal keys are comparable runs."""
-        payload = self.model_dump(mode="json", exclude={"cluster", "repeat", "timeout_s"})
+        """Stable hash of the normalized spec without cluster and repeat: equal keys are comparable runs.
+        profile_steps is left out: profiled steps are not in the throughput figures."""
+        payload = self.model_dump(mode="json", exclude={"cluster", "repeat", "timeout_s", "profile_steps"})
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
@@ -327,6 +345,7 @@ class RunResult(_Strict):
     numerics: Numerics | None = None
     environment: Environment | None = None
     error: RunError | None = None
+    breakdown: Breakdown | None = None  # step time by category, when the run was profiled (core.breakdown)
 
     @model_validator(mode="after")
     def _status_matches(self) -> RunResult:

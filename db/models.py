@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 typed models: experiments, runs, per-step metrics, run summaries, API tokens.
+"""SQLAlchemy 2 typed models: experiments, runs, per-step metrics, run summaries, run logs and traces, API tokens.
 
 Ids are integers. Timestamps are timezone-aware UTC (`UtcDateTime`), also on SQLite, which stores them
 naive. JSON columns are JSONB on PostgreSQL (tag containment filters) and JSON elsewhere (db.base).
@@ -128,6 +128,19 @@ class RunLog(Base):
     log_bytes: Mapped[int] = mapped_column(sa.BigInteger)  # size of the whole log when shipped
     final: Mapped[bool] = mapped_column(default=False)  # shipped after the run ended
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RunTrace(Base):
+    """One rank's torch.profiler trace of a profiled run (chrome-trace JSON, gzipped as the runner wrote it),
+    shipped by the worker when the run ends, served by GET /runs/{id}/trace."""
+
+    __tablename__ = "run_traces"
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(primary_key=True)
+    data_gzip: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    gzip_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class ApiToken(Base):

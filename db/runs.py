@@ -21,11 +21,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from core.specs import ERROR_KINDS, RunResult
-from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunLog, RunSummary, StepMetric, utcnow
+from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunLog, RunSummary, RunTrace, StepMetric, utcnow
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 20_000
 LOG_STORE_MAX_BYTES = 1 << 20  # the stored tail of a run's log (newest bytes)
+TRACE_STORE_MAX_BYTES = 256 << 20  # one rank's gzipped trace; a larger one stays in the run directory only
 
 
 @dataclass(frozen=True)
@@ -223,3 +224,46 @@ def store_log(session: Session, run_id: int, tail: bytes, log_bytes: int, *, fin
 
 def get_log(session: Session, run_id: int) -> RunLog | None:
     return session.get(RunLog, run_id)
+
+
+def store_trace(session: Session, run_id: int, rank: int, data_gzip: bytes) -> None:
+    """Store (or replace) one rank's gzipped chrome trace; ValueError when it is over TRACE_STORE_MAX_BYTES."""
+    if len(data_gzip) > TRACE_STORE_MAX_BYTES:
+        raise ValueError(f"trace of rank {rank}: {len(data_gzip)} bytes gzipped, over the store's limit of "
+                         f"{TRACE_STORE_MAX_BYTES} bytes")
+    row = session.get(RunTrace, (run_id, rank))
+    if row is None:
+        session.add(RunTrace(run_id=run_id, rank=rank, data_gzip=data_gzip, gzip_bytes=len(data_gzip),
+                             created_at=utcnow()))
+    else:
+        row.data_gzip, row.gzip_bytes, row.created_at = data_gzip, len(data_gzip), utcnow()
+
+
+def get_trace(session: Session, run_id: int, rank: int) -> RunTrace | None:
+    return session.get(RunTrace, (run_id, rank))
+
+
+def trace_ranks(session: Session, run_id: int) -> list[int]:
+    """Ranks whose trace of this run is stored (no trace bytes read)."""
+    stmt = sa.select(RunTrace.rank).where(RunTrace.run_id == run_id).order_by(RunTrace.rank)
+    return list(session.scalars(stmt))
+
+
+@dataclass(frozen=True)
+class BreakdownRow:
+    run_id: int
+    precision: str
+    layout: str
+    num_devices: int
+    repeat: int
+    breakdown: dict  # core.breakdown.Breakdown as JSON
+
+
+def breakdown_rows(session: Session, experiment_id: int) -> list[BreakdownRow]:
+    """Succeeded runs of an experiment that carry a step breakdown (profiled runs), one query."""
+    col = Run.result["breakdown"]
+    stmt = (sa.select(Run.id, Run.precision, Run.layout, Run.num_devices, Run.repeat, col)
+            .where(Run.experiment_id == experiment_id, Run.status == "succeeded")
+            .order_by(Run.id))
+    return [BreakdownRow(run_id, precision, layout, n, repeat, b)
+            for run_id, precision, layout, n, repeat, b in session.execute(stmt) if b]

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
         log.info("run %s: %s %s layers=%d %s %s", spec.run_key(), spec.model, spec.precision, spec.num_layers,
                  spec.layout, json.dumps(spec.degrees.model_dump()))
-        result = run(spec)
+        result = run(spec, trace_dir=args.out.parent)  # profiler traces beside result.json
     assert result is not None
     if rank == 0:
         if result.status == "failed":

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ from runner.fp8 import fp8_dtypes_of_config, is_fp8, precompute_fp8_scales
 from runner.metrics import DeviceLog, StepTimer, peak_memory_gib, step_records, summarize
 from runner.model import Llama, init_weights
 from runner.parallel import build_mesh, parallelize, uses_dp_wrapper
+from runner.profiling import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +108,15 @@ def autocast_context(spec: RunSpec, device: torch.device):
 # -------------------------------------------------------------------------------------------- run
 
 
-def run(spec: RunSpec) -> RunResult:
-    """Train one RunSpec and return its RunResult (every rank returns one; rank 0's is authoritative)."""
+def run(spec: RunSpec, trace_dir: Path | None = None) -> RunResult:
+    """Train one RunSpec and return its RunResult (every rank returns one; rank 0's is authoritative).
+    trace_dir: where each rank writes its profiler trace when spec.profile_steps > 0."""
     state = failures.RunState(spec)
     try:
         failures.validate(spec, world_size_from_env())  # invalid_config: before any device work
         device, created = init_distributed(spec.device_type)
         state.device, state.created_group = device, created
-        _run(spec, state)
+        _run(spec, state, trace_dir)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
         return failures.failed_result(spec, state, exc)
     finally:
@@ -121,7 +124,7 @@ def run(spec: RunSpec) -> RunResult:
     return state.result
 
 
-def _run(spec: RunSpec, state: failures.RunState) -> None:
+def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> None:
     device = state.device
     torch.manual_seed(spec.seed)
     mesh = build_mesh(spec.device_type, spec.degrees)
@@ -151,9 +154,11 @@ def _run(spec: RunSpec, state: failures.RunState) -> None:
     fault = failures.fault_from_env()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    profiler = StepProfiler(spec, device, trace_dir)  # the last spec.profile_steps steps; no-op when 0
 
     timer.mark()
     for step in range(spec.steps):
+        profiler.begin(step)
         inputs, labels = batches.get(step)
         with amp:
             logits = model(inputs)
@@ -171,22 +176,25 @@ def _run(spec: RunSpec, state: failures.RunState) -> None:
             precompute_fp8_scales(model)  # one fused amax for all fp8 weights, for the next all-gather
         device_log.add(loss, grad_norm)  # stays on the device: no CPU-GPU sync point here
         timer.mark()
+        profiler.end(step)
         failures.maybe_inject(fault, step)
         if (step + 1) % log_every == 0 or step == spec.steps - 1:
             # loss.item(): CPU-GPU sync point, every log_every steps only (this rank's loss).
             log.info("step %d/%d loss %.4f lr %.2e", step + 1, spec.steps, loss.item(), state.lrs[-1])
 
+    breakdown = profiler.finish()  # collective: each rank's trace -> breakdown, gathered
     step_ms = timer.step_ms()
     losses, norms = device_log.read(reduce=True)
     bf16_peak, own_peak, mfu_note = peaks_for(info, spec.precision)
-    summary = summarize(step_ms, warmup_steps=spec.warmup_steps, tokens_per_step=spec.tokens_per_step,
+    unprofiled_ms = step_ms[:profiler.first]  # profiled steps (the last ones) are slower: not in the figures
+    summary = summarize(unprofiled_ms, warmup_steps=spec.warmup_steps, tokens_per_step=spec.tokens_per_step,
                         num_devices=spec.num_devices, flops_per_token=shape.flops_per_token(spec.seq_len),
                         bf16_peak=bf16_peak, own_peak=own_peak, mfu_note=mfu_note,
                         memory=peak_memory_gib(device), num_float8_linears=facts["num_float8_linears"])
     steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
     state.result = RunResult(run_key=spec.run_key(), status="succeeded", steps=steps, summary=summary,
                              numerics=Numerics(final_loss=losses[-1], loss_curve=losses),
-                             environment=state.environment)
+                             environment=state.environment, breakdown=breakdown)
     log.info("done: %.0f tokens/s, %.1f ms/step median, mfu %s", summary.tokens_per_sec, summary.step_ms_median,
              f"{summary.mfu_vs_bf16_peak:.3f}" if summary.mfu_vs_bf16_peak is not None else "n/a")
     if is_fp8(spec.precision):

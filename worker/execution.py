@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from core.specs import RunError, RunResult, RunSpec
 from db import runs as db_runs
 from db.session import session_scope
-from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail
+from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail, trace_files
 from worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOu
         outcome = launcher.poll(handle)
         if outcome.state not in ("pending", "running"):
             shipped.ship(final=True)
+            ship_traces(rt, run_id, handle.run_dir)
             return outcome
         now = time.monotonic()
         if now >= next_log:
@@ -191,6 +192,32 @@ class LogShipper:
         elif _try_db(self.rt, store, f"run {self.run_id}: log") is None:
             return
         self.shipped_bytes = size
+
+
+def ship_traces(rt: Runtime, run_id: int, run_dir: str | Path) -> int:
+    """Store each rank's profiler trace (a profiled run's trace.rank{R}.json.gz) once the run ended, before its
+    result is recorded, one rank at a time (tens of MB each on a GPU). A trace over the store's limit stays in
+    the run directory only, and says so. Returns how many were stored."""
+    try:
+        files = trace_files(run_dir)
+    except OSError as exc:  # the shared run dir is unreachable: the result is still recorded
+        log.warning("run %d: traces not readable (%s)", run_id, exc)
+        return 0
+    stored = 0
+    for rank, path in files:
+        data = path.read_bytes()
+
+        def store(s: Session, rank: int = rank, data: bytes = data) -> None:
+            db_runs.store_trace(s, run_id, rank, data)
+
+        try:
+            with_db(rt, store, f"run {run_id}: trace of rank {rank}", retry_forever=True)
+            stored += 1
+        except ValueError as exc:
+            log.warning("run %d: %s; kept in %s only", run_id, exc, path)
+    if stored:
+        log.info("run %d: stored %d profiler trace(s)", run_id, stored)
+    return stored
 
 
 def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool) -> None:

@@ -25,7 +25,7 @@ from core import procs
 from core.specs import RunResult
 from db import runs as db_runs
 from db.models import Run, utcnow
-from worker.execution import attachable_handle, with_db
+from worker.execution import attachable_handle, ship_traces, with_db
 from worker.launchers.base import SPEC_FILE, LaunchHandle, read_log_tail, read_result
 from worker.runtime import Runtime
 
@@ -58,6 +58,7 @@ def recover_finished_runs(rt: Runtime) -> list[int]:
         if result is None:
             continue
         tail, size = read_log_tail(run_dir, db_runs.LOG_STORE_MAX_BYTES)
+        ship_traces(rt, run.id, run_dir)
 
         def record(s: Session, r: RunResult = result, i: int = run.id, t: bytes = tail, n: int = size) -> bool:
             db_runs.store_log(s, i, t, n, final=True)

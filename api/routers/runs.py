@@ -1,11 +1,14 @@
-"""Runs: those of an experiment, one run (summary, error, Slurm job id, steps), its steps, its log tail."""
+"""Runs: those of an experiment, one run (summary, error, Slurm job id, steps), its steps, its log tail, and
+a profiled run's torch.profiler trace."""
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from api import etag
 from api.deps import ReadAuth, SessionDep
@@ -57,7 +60,7 @@ def get_run(run_id: RunId, session: SessionDep, _auth: ReadAuth,
         "error": {"kind": run.error_kind, "message": run.error_message} if run.error_kind else None,
         "summary": summary_dict(rq.get_summary(session, run_id)), "steps": steps,
         "links": {"self": f"/runs/{run_id}", "steps": f"/runs/{run_id}/steps", "log": f"/runs/{run_id}/log",
-                  "experiment": f"/experiments/{run.experiment_id}"},
+                  "trace": f"/runs/{run_id}/trace", "experiment": f"/experiments/{run.experiment_id}"},
     }
 
 
@@ -82,3 +85,47 @@ def get_log(run_id: RunId, session: SessionDep, _auth: ReadAuth,
     tail = stored.text.encode("utf-8")[-tail_bytes:].decode("utf-8", "ignore")
     return PlainTextResponse(tail, headers={"X-Log-Bytes": str(stored.log_bytes),
                                             "X-Log-Final": "true" if stored.final else "false"})
+
+
+TRACE_CHUNK_BYTES = 1 << 20
+
+
+def _chunks(data: bytes) -> Iterator[bytes]:
+    for i in range(0, len(data), TRACE_CHUNK_BYTES):
+        yield data[i:i + TRACE_CHUNK_BYTES]
+
+
+def _gunzipped(data: bytes) -> Iterator[bytes]:
+    """The JSON, decompressed a chunk at a time (a GPU trace is ~10x its gzipped size)."""
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    for chunk in _chunks(data):
+        if out := inflate.decompress(chunk):
+            yield out
+    if tail := inflate.flush():
+        yield tail
+
+
+@router.get("/runs/{run_id}/trace", response_class=StreamingResponse,
+            responses={**PROBLEM_RESPONSES, 200: {"content": {"application/json": {}},
+                                                  "description": "chrome-trace JSON (Perfetto, chrome://tracing)"}},
+            summary="A profiled run's torch.profiler trace of one rank (chrome-trace JSON, streamed)")
+def get_trace(run_id: RunId, request: Request, session: SessionDep, _auth: ReadAuth,
+              rank: Annotated[int, Query(ge=0, le=65535, description="Which rank's trace.")] = 0,
+              ) -> StreamingResponse:
+    """Runs with `profile_steps` > 0 record their last steps on every rank; the worker stores each rank's trace
+    when the run ends. Sent gzip-encoded to clients that accept it (as stored), else decompressed on the fly."""
+    run = _run_or_404(session, run_id)
+    stored = rq.get_trace(session, run_id, rank)
+    if stored is None:
+        ranks = rq.trace_ranks(session, run_id)
+        if ranks:
+            raise ProblemError(404, f"run {run_id} has no trace of rank {rank}; stored ranks: {ranks}")
+        raise ProblemError(404, f"run {run_id} has no trace (status {run.status}): runs record one when "
+                                f"profile_steps > 0")
+    data = stored.data_gzip
+    headers = {"Content-Disposition": f'inline; filename="run-{run_id}-rank{rank}.trace.json"',
+               "Vary": "Accept-Encoding"}
+    if "gzip" in request.headers.get("accept-encoding", "").lower():
+        headers.update({"Content-Encoding": "gzip", "Content-Length": str(len(data))})
+        return StreamingResponse(_chunks(data), media_type="application/json", headers=headers)
+    return StreamingResponse(_gunzipped(data), media_type="application/json", headers=headers)

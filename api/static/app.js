@@ -68,6 +68,7 @@ function listPage() {
 const CHARTS = [
   ["throughput", "Throughput X(N)", "global tokens/s, log scale; dotted: ideal linear scaling from N0"],
   ["efficiency", "Scaling efficiency E(N)", "X(N) / (X(N0)·N/N0), %; dashed: 100%"],
+  ["breakdown", "Where the step time goes", "ms per step by category (profiled steps); one bar per precision · layout at each N"],
   ["speedup", "fp8 speedup S(N)", "X_fp8 / X_bf16 at the same layout and N; dashed: 1×"],
   ["mfu", "MFU", "% of the device's dense bf16 peak (fp8 runs too)"],
   ["memory", "Peak memory", "GiB allocated, max over ranks"],
@@ -91,9 +92,10 @@ function experimentPage(id) {
     if (!exp.changed) return;  // nothing moved: no other request, no re-render
     stats.renders++;
     renderHead(exp.data);
-    const [runs, scaling, losses] = await Promise.all([poll(`/experiments/${id}/runs?limit=1000`),
-      poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`)]);
+    const [runs, scaling, losses, breakdown] = await Promise.all([poll(`/experiments/${id}/runs?limit=1000`),
+      poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`), poll(`/experiments/${id}/breakdown`)]);
     if (runs.changed) renderRuns(runs.data.items);
+    if (breakdown.changed) SBBreakdown.render(document.getElementById("chart-breakdown"), breakdown.data);
     if (scaling.changed) renderScaling(scaling.data);
     if (window.SBProjection) await SBProjection.update(id);  // projection.js: dashed projected points
     if (losses.changed) { lossN = fillLossSelect(lossSelect, losses.data, lossN); drawLosses(losses.data, lossN); }

@@ -1,22 +1,26 @@
 """The launcher contract shared by the local torchrun launcher and the Slurm launcher.
 
 A run directory holds: spec.json (the RunSpec), result.json (written by the runner's rank 0), log.txt
-(the runner's merged stdout/stderr) and handle.json (what is needed to re-attach: pid/pgid or Slurm job id).
+(the runner's merged stdout/stderr), handle.json (what is needed to re-attach: pid/pgid or Slurm job id)
+and, for a profiled run, trace.rank{R}.json.gz (each rank's profiler trace, core.breakdown.TRACE_FILE).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from pydantic import ValidationError
 
+from core.breakdown import TRACE_FILE
 from core.specs import RunResult, RunSpec
 
 SPEC_FILE, RESULT_FILE, LOG_FILE, HANDLE_FILE = "spec.json", "result.json", "log.txt", "handle.json"
+_TRACE_RE = re.compile("^" + re.escape(TRACE_FILE).replace(re.escape("{rank}"), r"(\d+)") + "$")
 
 
 @dataclass
@@ -104,3 +108,9 @@ def read_result(run_dir: str | Path) -> tuple[RunResult | None, str | None]:
         return RunResult.model_validate_json(p.read_text()), None
     except (ValidationError, ValueError) as exc:
         return None, f"result.json is invalid: {exc}"
+
+
+def trace_files(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(rank, path) of the profiler traces in a run directory, by rank (none when the run was not profiled)."""
+    found = [(int(m.group(1)), p) for p in Path(run_dir).iterdir() if (m := _TRACE_RE.match(p.name))]
+    return sorted(found)
