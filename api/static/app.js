@@ -97,8 +97,8 @@ function experimentPage(id) {
     if (runs.changed) renderRuns(runs.data.items);
     if (breakdown.changed) SBBreakdown.render(document.getElementById("chart-breakdown"), breakdown.data);
     if (scaling.changed) renderScaling(scaling.data);
-    if (window.SBProjection) await SBProjection.update(id);  // projection.js: dashed projected points
     if (losses.changed) { lossN = fillLossSelect(lossSelect, losses.data, lossN); drawLosses(losses.data, lossN); }
+    if (window.SBProjection) await SBProjection.update(id, exp.data.cluster);  // projection.js: dashed projected points (last: one more request)
   });
 }
 

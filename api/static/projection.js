@@ -69,8 +69,17 @@
   }
 
   // Called by the experiment page after each scaling render (redrawn charts lose the projected lines).
-  async function update(id) {
+  let cpuClusters = null;  // names of configured CPU clusters: nothing to project onto (the API would answer 422)
+
+  async function update(id, cluster) {
     if (state.id !== id) { state.id = id; state.body = null; state.error = null; }
+    if (cpuClusters === null) {
+      try {
+        const { data } = await poll("/clusters");
+        cpuClusters = new Set(data.filter((c) => c.vendor === "cpu").map((c) => c.name));
+      } catch (err) { cpuClusters = new Set(); }
+    }
+    if (cpuClusters.has(cluster)) { state.body = null; state.error = "a CPU cluster: no GPU network to project onto"; draw(); return; }
     try {
       const { data } = await poll(`/experiments/${id}/projection`);
       state.body = data; state.error = null;
