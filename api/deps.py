@@ -76,20 +76,49 @@ def _check_bearer(session: Session, authorization: str | None) -> ApiToken:
     return row
 
 
-def require_token(session: SessionDep,
+def authenticate(request: Request) -> ApiToken:
+    """The request's valid token or a 401 problem, on a session of its own (committed: last_used_at).
+    api.guard calls it before the body is read; require_token then finds the token on request.state."""
+    with request.app.state.session_factory() as session:
+        return _check_bearer(session, request.headers.get("authorization"))
+
+
+def require_token(request: Request, session: SessionDep,
                   authorization: Annotated[str | None, Header(description="Bearer <token>")] = None) -> ApiToken:
-    """Writes: a valid `Authorization: Bearer <token>`."""
-    return _check_bearer(session, authorization)
+    """Writes: a valid `Authorization: Bearer <token>` (already checked by api.guard on guarded routes)."""
+    token = getattr(request.state, "token", None)
+    return token if token is not None else _check_bearer(session, authorization)
 
 
 async def read_access(session: SessionDep, settings: SettingsDep,
                       authorization: Annotated[str | None, Header(
                           description="Bearer <token> (when reads require one)")] = None) -> ApiToken | None:
-    """Reads: open unless settings.require_read_token."""
+    """Reads: open unless settings.require_read_token. The token when one is required; when reads are open,
+    None (anonymous: answers leave out worker hosts and run directories, see api.schemas.redact_run)."""
     if not settings.require_read_token:
         return None
     return await run_in_threadpool(_check_bearer, session, authorization)
 
 
+def _token_or_none(session: Session, authorization: str | None) -> ApiToken | None:
+    try:
+        return _check_bearer(session, authorization)
+    except ProblemError:
+        return None
+
+
+async def reader(session: SessionDep, settings: SettingsDep,
+                 authorization: Annotated[str | None, Header(
+                     description="Bearer <token> (when reads require one)")] = None) -> ApiToken | None:
+    """Reads that show more to a token holder: like read_access, but a valid token sent on an open read is
+    recognized (an invalid one reads as anonymous, as before)."""
+    if settings.require_read_token:
+        return await run_in_threadpool(_check_bearer, session, authorization)
+    if not authorization:
+        return None
+    return await run_in_threadpool(_token_or_none, session, authorization)
+
+
 WriteAuth = Annotated[ApiToken, Depends(require_token)]
 ReadAuth = Annotated[ApiToken | None, Depends(read_access)]
+ReaderAuth = Annotated[ApiToken | None, Depends(reader)]
