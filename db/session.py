@@ -21,8 +21,16 @@ PRIVATE_DIR_MODE, PRIVATE_FILE_MODE = 0o700, 0o600  # the database holds webhook
 
 def _json_serializer(value: Any) -> str:
     """JSON columns hold strict JSON on every dialect: a non-finite float is stored as null (SQLite's JSON
-    functions and PostgreSQL's jsonb refuse Infinity and NaN), a lone surrogate as U+FFFD."""
-    return json.dumps(storable(value), allow_nan=False)
+    functions and PostgreSQL's jsonb refuse Infinity and NaN), a lone surrogate as U+FFFD, NUL dropped
+    (jsonb refuses \\u0000). The common case, nothing to repair, costs one json.dumps."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # a lone surrogate raises here
+        if "\\u0000" not in text:
+            return text
+    except ValueError:  # UnicodeEncodeError is one
+        pass
+    return json.dumps(storable(value), allow_nan=False, ensure_ascii=False)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -34,14 +34,21 @@ from core.specs import (
     RunResult,
     RunSpec,
     ScalingMode,
-    StepRecord,
     Summary,
     Text,
     bad_values,
     check_layout,
 )
 from db import experiments as q
-from db.imports import finish_imported, insert_steps, record_imported, step_chunks
+from db.imports import (
+    finish_imported,
+    insert_steps,
+    pause_for_other_writers,
+    record_imported,
+    result_chunks,
+    step_chunks,
+    store_results,
+)
 
 router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=GuardedRoute)
 MAX_POINTS = 4096
@@ -228,10 +235,10 @@ def _check_derived(i: int, p: ImportPoint, summary: Summary, max_num_devices: in
 def _result(i: int, p: ImportPoint, run: RunSpec, cluster: Cluster, max_num_devices: int) -> RunResult:
     env = _environment(i, p, cluster)
     final = p.final_loss if p.final_loss is not None else (p.loss_curve[-1] if p.loss_curve else None)
-    steps = [StepRecord(step=s, loss=v) for s, v in enumerate(p.loss_curve)]
     summary = _summary(p, run, env)
     _check_derived(i, p, summary, max_num_devices)
-    return RunResult(run_key=run.run_key(), status="succeeded", steps=steps, summary=summary,
+    # No StepRecords: db.imports.step_chunks writes the loss curve as the steps (500,000 objects cost seconds).
+    return RunResult(run_key=run.run_key(), status="succeeded", summary=summary,
                      numerics=Numerics(final_loss=final, loss_curve=p.loss_curve), environment=env)
 
 
@@ -251,10 +258,15 @@ def import_experiment(body: Annotated[ExperimentImport, Body()], session: Sessio
     runs = _match_points(body, cluster, spec)
     max_n = max(p.num_devices for p in body.points)
     results = [_result(i, p, r, cluster, max_n) for i, (p, r) in enumerate(zip(body.points, runs))]
-    # Bounded transactions (db.imports): the head, the steps in chunks, then the runs' finish times.
+    # Bounded transactions (db.imports): the head, results and steps in chunks, then the runs' finish times.
     exp, run_ids = record_imported(session, spec, runs, results)
     session.commit()
+    for pairs in result_chunks(run_ids, results):
+        pause_for_other_writers(session)
+        store_results(session, pairs)
+        session.commit()
     for rows in step_chunks(run_ids, results):
+        pause_for_other_writers(session)
         insert_steps(session, rows)
         session.commit()
     finish_imported(session, run_ids)
