@@ -304,9 +304,10 @@ async def _asgi_post(app, path: str, chunks, headers: list[tuple[bytes, bytes]])
     return status, read, json.loads(body)
 
 
-def _endless(chunk_bytes: int = 1 << 20):
-    while True:
-        yield b"x" * chunk_bytes
+def _stream(num_mib: int = 80):
+    """A large body in 1 MiB chunks (finite: a server that reads it all only wastes memory and time)."""
+    for _ in range(num_mib):
+        yield b"x" * (1 << 20)
 
 
 def test_body_limit_is_413_before_the_body_is_read_or_parsed(test_settings, api_token, redis_client) -> None:
@@ -316,11 +317,11 @@ def test_body_limit_is_413_before_the_body_is_read_or_parsed(test_settings, api_
     with TestClient(app):
         auth = [(b"authorization", f"Bearer {api_token}".encode()), (b"content-type", b"application/json")]
         # Declared too large: refused before a byte is read.
-        status, read, problem = asyncio.run(_asgi_post(app, "/experiments", _endless(),
+        status, read, problem = asyncio.run(_asgi_post(app, "/experiments", _stream(),
                                                        auth + [(b"content-length", b"50000000")]))
         assert (status, read, problem["status"]) == (413, 0, 413) and "4194304" in problem["detail"]
         # Streamed without a length (chunked): counted, refused once past the limit, the rest never read.
-        status, read, problem = asyncio.run(_asgi_post(app, "/experiments", _endless(),
+        status, read, problem = asyncio.run(_asgi_post(app, "/experiments", _stream(),
                                                        auth + [(b"transfer-encoding", b"chunked")]))
         assert status == 413 and read <= test_settings.max_body_bytes + (1 << 20)
         # Import has the larger limit: 5 MiB is parsed (and refused as bad JSON, not as too large).
@@ -328,7 +329,7 @@ def test_body_limit_is_413_before_the_body_is_read_or_parsed(test_settings, api_
                                                        auth + [(b"content-length", str(5 << 20).encode())]))
         assert status == 422 and read == 5 << 20
         # No token: 401 before the body is read (an unauthenticated 50 MB POST costs nothing).
-        status, read, problem = asyncio.run(_asgi_post(app, "/experiments/import", _endless(),
+        status, read, problem = asyncio.run(_asgi_post(app, "/experiments/import", _stream(),
                                                        [(b"content-type", b"application/json"),
                                                         (b"content-length", b"50000000")]))
         assert (status, read) == (401, 0) and problem["errors"][0]["field"] == "header.Authorization"

@@ -11,6 +11,8 @@ import os
 import threading
 import time
 
+import sqlalchemy as sa
+
 from core.settings import Settings
 from db import runs as rq
 from db.session import make_engine, make_session_factory, session_scope
@@ -18,7 +20,7 @@ from db.tokens import create_token
 from tests.db.helpers import add_experiment
 
 NUM_POINTS, CURVE_LEN = 50, int(os.environ.get("SCALEBENCH_TEST_IMPORT_CURVE_LEN", "4000"))
-MAX_HEARTBEAT_S = 2.0  # one heartbeat (UPDATE + COMMIT) while the import writes; the busy timeout is 10 s
+MAX_HEARTBEAT_S = 3.0  # one heartbeat (UPDATE + COMMIT; ~0.3 s typical on a loaded 2-core box); busy timeout: 10 s
 
 
 def _big_import() -> dict:
@@ -41,13 +43,17 @@ def test_heartbeats_keep_going_during_a_large_sqlite_import(make_client, test_se
     client.headers["Authorization"] = f"Bearer {token}"
     body = json.dumps(_big_import()).encode()  # encoded before the heartbeats start (json.dumps holds the GIL)
 
-    done, latencies_s = threading.Event(), []
+    done, latencies_s, errors = threading.Event(), [], []
 
     def heartbeats() -> None:
         while not done.is_set():
             started = time.monotonic()
-            with session_scope(factory) as s:
-                assert rq.heartbeat(s, run_ids[0], 30).owned
+            try:
+                with session_scope(factory) as s:
+                    if not rq.heartbeat(s, run_ids[0], 30).owned:
+                        errors.append("heartbeat lost the run")
+            except sa.exc.OperationalError as exc:  # "database is locked" after the 10 s busy timeout
+                errors.append(repr(exc))
             latencies_s.append(time.monotonic() - started)
             time.sleep(0.02)
 
@@ -62,6 +68,7 @@ def test_heartbeats_keep_going_during_a_large_sqlite_import(make_client, test_se
     import_s = time.monotonic() - started
     engine.dispose()
     assert r.status_code == 201, r.text[:500]
+    assert not errors, errors[:3]
     assert len(r.json()["runs"]) == NUM_POINTS
     losses = client.get(f"/experiments/{r.json()['id']}/losses?max_points=2").json()["curves"]
     assert losses and all(c["num_steps"] == CURVE_LEN for c in losses)
