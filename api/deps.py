@@ -100,25 +100,34 @@ async def read_access(session: SessionDep, settings: SettingsDep,
     return await run_in_threadpool(_check_bearer, session, authorization)
 
 
-def _token_or_none(session: Session, authorization: str | None) -> ApiToken | None:
-    try:
-        return _check_bearer(session, authorization)
-    except ProblemError:
-        return None
+class Reader:
+    """Who reads: a token holder sees where runs ran (worker, host, run directory), an anonymous reader does
+    not. With open reads the token is looked up only when asked (a 304 poll costs no token query); an
+    invalid token on an open read reads as anonymous, as before."""
+
+    def __init__(self, session: Session, authorization: str | None, token: ApiToken | None = None):
+        self._session, self._authorization, self._token = session, authorization, token
+        self._checked = token is not None or not authorization
+
+    def authenticated(self) -> bool:
+        if not self._checked:
+            self._checked = True
+            try:
+                self._token = _check_bearer(self._session, self._authorization)
+            except ProblemError:
+                self._token = None
+        return self._token is not None
 
 
 async def reader(session: SessionDep, settings: SettingsDep,
                  authorization: Annotated[str | None, Header(
-                     description="Bearer <token> (when reads require one)")] = None) -> ApiToken | None:
-    """Reads that show more to a token holder: like read_access, but a valid token sent on an open read is
-    recognized (an invalid one reads as anonymous, as before)."""
+                     description="Bearer <token> (when reads require one)")] = None) -> Reader:
+    """Reads that show more to a token holder; like read_access when settings.require_read_token."""
     if settings.require_read_token:
-        return await run_in_threadpool(_check_bearer, session, authorization)
-    if not authorization:
-        return None
-    return await run_in_threadpool(_token_or_none, session, authorization)
+        return Reader(session, authorization, await run_in_threadpool(_check_bearer, session, authorization))
+    return Reader(session, authorization)
 
 
 WriteAuth = Annotated[ApiToken, Depends(require_token)]
 ReadAuth = Annotated[ApiToken | None, Depends(read_access)]
-ReaderAuth = Annotated[ApiToken | None, Depends(reader)]
+ReaderAuth = Annotated[Reader, Depends(reader)]

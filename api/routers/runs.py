@@ -48,7 +48,7 @@ def list_runs(
     page, more = rows[:limit], len(rows) > limit
     figures = eq.run_figures(session, [r.id for r in page])
     items = [storable(run_read(r, figures.get(r.id)).model_dump()) for r in page]
-    return {"items": items if auth is not None else [redact_run(i) for i in items],
+    return {"items": items if auth.authenticated() else [redact_run(i) for i in items],
             "next_cursor": encode_cursor(page[-1].id) if more else None}
 
 
@@ -73,7 +73,7 @@ def get_run(run_id: RunId, session: SessionDep, auth: ReaderAuth, response: Resp
                   "experiment": f"/experiments/{run.experiment_id}"},
     }
     detail = storable(detail)  # a value that is somehow bad in the store reads as null, never as a 500
-    return detail if auth is not None else redact_run(detail)
+    return detail if auth.authenticated() else redact_run(detail)
 
 
 @router.get("/runs/{run_id}/steps", response_model=list[dict[str, Any]], responses=PROBLEM_RESPONSES,
