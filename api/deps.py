@@ -93,8 +93,7 @@ def require_token(request: Request, session: SessionDep,
 async def read_access(session: SessionDep, settings: SettingsDep,
                       authorization: Annotated[str | None, Header(
                           description="Bearer <token> (when reads require one)")] = None) -> ApiToken | None:
-    """Reads: open unless settings.require_read_token. The token when one is required; when reads are open,
-    None (anonymous: answers leave out worker hosts and run directories, see api.schemas.redact_run)."""
+    """Reads: open unless settings.require_read_token. (Reads that show a token holder more use `reader`.)"""
     if not settings.require_read_token:
         return None
     return await run_in_threadpool(_check_bearer, session, authorization)
