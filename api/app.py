@@ -27,6 +27,7 @@ from api.routers import (
     regressions,
     runs,
     suites,
+    tokens,
     webhooks,
 )
 from core.clusters import load_clusters
@@ -50,6 +51,7 @@ ROUTERS: list[APIRouter] = [
     webhooks.router,
     metrics.router,
     projection.router,
+    tokens.router,
 ]
 
 DESCRIPTION = """\
@@ -57,7 +59,9 @@ scalebench measures how FP8 training throughput scales with GPU count.
 
 POST an experiment (a model, GPU counts, precisions, parallelism layouts); the service expands the matrix
 into runs, queues them on the cluster's workers, stores every result, and answers with scaling curves.
-Writes need `Authorization: Bearer <token>` (`scalebench token create`). Errors are
+Writes need `Authorization: Bearer <token>` (`scalebench token create`; list and revoke tokens with
+`scalebench token list` / `revoke`, or GET/POST/DELETE /tokens); they are rate-limited per token (429 with
+Retry-After) and their bodies are JSON (415 otherwise) of bounded size (413). Errors are
 `application/problem+json` (RFC 9457) with `errors: [{field, message, allowed}]`.
 """
 

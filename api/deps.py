@@ -76,20 +76,57 @@ def _check_bearer(session: Session, authorization: str | None) -> ApiToken:
     return row
 
 
-def require_token(session: SessionDep,
+def authenticate(request: Request) -> ApiToken:
+    """The request's valid token or a 401 problem, on a session of its own (committed: last_used_at).
+    api.guard calls it before the body is read; require_token then finds the token on request.state."""
+    with request.app.state.session_factory() as session:
+        return _check_bearer(session, request.headers.get("authorization"))
+
+
+def require_token(request: Request, session: SessionDep,
                   authorization: Annotated[str | None, Header(description="Bearer <token>")] = None) -> ApiToken:
-    """Writes: a valid `Authorization: Bearer <token>`."""
-    return _check_bearer(session, authorization)
+    """Writes: a valid `Authorization: Bearer <token>` (already checked by api.guard on guarded routes)."""
+    token = getattr(request.state, "token", None)
+    return token if token is not None else _check_bearer(session, authorization)
 
 
 async def read_access(session: SessionDep, settings: SettingsDep,
                       authorization: Annotated[str | None, Header(
                           description="Bearer <token> (when reads require one)")] = None) -> ApiToken | None:
-    """Reads: open unless settings.require_read_token."""
+    """Reads: open unless settings.require_read_token. (Reads that show a token holder more use `reader`.)"""
     if not settings.require_read_token:
         return None
     return await run_in_threadpool(_check_bearer, session, authorization)
 
 
+class Reader:
+    """Who reads: a token holder sees where runs ran (worker, host, run directory), an anonymous reader does
+    not. With open reads the token is looked up only when asked (a 304 poll costs no token query); an
+    invalid token on an open read reads as anonymous, as before."""
+
+    def __init__(self, session: Session, authorization: str | None, token: ApiToken | None = None):
+        self._session, self._authorization, self._token = session, authorization, token
+        self._checked = token is not None or not authorization
+
+    def authenticated(self) -> bool:
+        if not self._checked:
+            self._checked = True
+            try:
+                self._token = _check_bearer(self._session, self._authorization)
+            except ProblemError:
+                self._token = None
+        return self._token is not None
+
+
+async def reader(session: SessionDep, settings: SettingsDep,
+                 authorization: Annotated[str | None, Header(
+                     description="Bearer <token> (when reads require one)")] = None) -> Reader:
+    """Reads that show more to a token holder; like read_access when settings.require_read_token."""
+    if settings.require_read_token:
+        return Reader(session, authorization, await run_in_threadpool(_check_bearer, session, authorization))
+    return Reader(session, authorization)
+
+
 WriteAuth = Annotated[ApiToken, Depends(require_token)]
 ReadAuth = Annotated[ApiToken | None, Depends(read_access)]
+ReaderAuth = Annotated[Reader, Depends(reader)]

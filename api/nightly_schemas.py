@@ -134,9 +134,10 @@ class WebhookCreate(_In):
 
 
 class WebhookRead(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
     id: int
-    url: str
+    url: str = Field(description="Redacted: scheme, host and port only. A webhook URL often is a credential "
+                                 "(its path or query), so it is never returned, nor is the secret.")
+    host: str
     events: list[str]
     enabled: bool
     created_at: datetime

@@ -22,8 +22,9 @@ from core.specs import LAYOUT_FORMS
 log = logging.getLogger(__name__)
 PROBLEM_TYPE = "application/problem+json"
 TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-          405: "Method Not Allowed", 409: "Conflict", 415: "Unsupported Media Type",
-          422: "Unprocessable Content", 500: "Internal Server Error", 503: "Service Unavailable"}
+          405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type",
+          422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error",
+          503: "Service Unavailable"}
 
 
 class FieldError(BaseModel):
@@ -78,6 +79,11 @@ def problem_response(
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": TITLES[code], "content": {PROBLEM_TYPE: {}}}
     for code in (401, 404, 409, 422)
+}
+# Writes (api.guard): a body too large, not JSON, or over the token's write rate.
+WRITE_RESPONSES: dict[int | str, dict[str, Any]] = PROBLEM_RESPONSES | {
+    code: {"model": Problem, "description": TITLES[code], "content": {PROBLEM_TYPE: {}}}
+    for code in (413, 415, 429)
 }
 
 
@@ -190,7 +196,25 @@ async def _on_data_error(request: Request, exc: DataError) -> JSONResponse:
     return problem_response(request, 422, f"the database refused a value: {type(exc.orig).__name__}")
 
 
+# OperationalError covers both an unreachable database and statements the database could not run on the
+# data it holds (SQLite: "malformed JSON"). Only the first is an outage (503, retry); the second is a data error.
+_PG_UNAVAILABLE_SQLSTATE_PREFIXES = ("08", "53", "57P")  # connection, resources, shutdown / cannot connect now
+_SQLITE_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "disk is full", "readonly")
+
+
+def is_unavailable(exc: OperationalError) -> bool:
+    """True when the database could not be reached or used at all (not when it refused the data)."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if type(exc.orig).__module__.startswith("psycopg"):
+        return sqlstate is None or sqlstate.startswith(_PG_UNAVAILABLE_SQLSTATE_PREFIXES)
+    message = str(exc.orig).lower()
+    return any(marker in message for marker in _SQLITE_UNAVAILABLE)
+
+
 async def _on_db_down(request: Request, exc: OperationalError) -> JSONResponse:
+    if not is_unavailable(exc):
+        log.error("data error on %s %s: %s", request.method, request.url.path, exc.orig)
+        return problem_response(request, 500, f"the store holds a value this request cannot read: {exc.orig}")
     log.error("database unavailable on %s: %s", request.url.path, exc.orig)
     return problem_response(request, 503, "database unavailable", headers={"Retry-After": "5"})
 

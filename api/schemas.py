@@ -41,8 +41,8 @@ class RunRead(RunBrief):
     cluster: str
     cancel_requested: bool
     attempts: int
-    worker: str | None
-    host: str | None
+    worker: str | None = Field(description="Worker name and pid; null for anonymous reads.")
+    host: str | None = Field(description="Host the run ran on; null for anonymous reads.")
     created_at: datetime
     dispatched_at: datetime | None
     started_at: datetime | None
@@ -63,7 +63,7 @@ class RunDetail(RunRead):
     spec: dict[str, Any] = Field(description="The RunSpec the runner received (spec.json).")
     heartbeat_at: datetime | None
     lease_expires_at: datetime | None
-    run_dir: str | None
+    run_dir: str | None = Field(description="Run directory on the worker; null for anonymous reads.")
     imported: bool
     error: RunError | None
     summary: dict[str, Any] | None = Field(description="core.specs.Summary of a succeeded run.")
@@ -181,6 +181,18 @@ def run_read(run: Run, figures: tuple[float, float] | None = None) -> RunRead:
     if figures is not None:
         values["tokens_per_sec_per_device"], values["step_ms_median"] = figures
     return RunRead.model_validate(values)
+
+
+ANONYMOUS_HIDDEN = ("worker", "host", "run_dir")  # where a run ran: for token holders only
+
+
+def redact_run(data: dict[str, Any]) -> dict[str, Any]:
+    """A run as an anonymous reader sees it: no worker (host:pid), host, run directory or environment hosts."""
+    out = data | {k: None for k in ANONYMOUS_HIDDEN if k in data}
+    env = (out.get("result") or {}).get("environment")
+    if isinstance(env, dict) and env.get("hosts"):
+        out["result"] = out["result"] | {"environment": env | {"hosts": []}}
+    return out
 
 
 def summary_dict(summary: RunSummary | None) -> dict[str, Any] | None:

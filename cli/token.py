@@ -1,7 +1,8 @@
-"""`scalebench token create`: a new API token, printed once; only its sha256 is stored.
+"""`scalebench token create | list | revoke`: API tokens. Only a token's sha256 is stored; it is shown once.
 
-The first token cannot be asked of the API (there is nothing to authenticate with), so this command runs
-the server-side `python -m db.admin create-token` against the configured database.
+The first token cannot be asked of the API (there is nothing to authenticate with), so `create` runs the
+server-side `python -m db.admin create-token` against the configured database. `list` and `revoke` talk
+HTTP (GET /tokens, DELETE /tokens/{id}) with a token of their own.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
+from cli.client import ApiClient
+from cli.runs import ServerOpt, TokenOpt, cli_errors, console
 from cli.stack import create_local_token
 
 app = typer.Typer(help="API tokens (writes need `Authorization: Bearer <token>`).", no_args_is_help=True)
@@ -25,3 +29,30 @@ def create(name: Annotated[str, typer.Option(help="A label for the token (who or
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(token)  # the only output on stdout, so that `TOKEN=$(scalebench token create)` works
+
+
+def _when(value: str | None) -> str:
+    return value.replace("T", " ")[:19] if value else "never"
+
+
+@app.command("list")
+@cli_errors
+def list_tokens(server: ServerOpt = None, token: TokenOpt = None) -> None:
+    """Tokens that still authenticate: id, name, prefix, created, last used (never the token itself)."""
+    with ApiClient(server, token) as client:
+        rows = client.get("/tokens")
+    table = Table("id", "name", "prefix", "created (UTC)", "last used (UTC)")
+    for r in rows:
+        table.add_row(str(r["id"]), r["name"], f"{r['prefix']}…" if r["prefix"] else "-", _when(r["created_at"]),
+                      _when(r["last_used_at"]))
+    console.print(table)
+
+
+@app.command("revoke")
+@cli_errors
+def revoke(token_id: Annotated[int, typer.Argument(help="Token id (from `scalebench token list`).")],
+           server: ServerOpt = None, token: TokenOpt = None) -> None:
+    """Revoke a token: it gets 401 from then on."""
+    with ApiClient(server, token) as client:
+        row = client.request("DELETE", f"/tokens/{token_id}").json()
+    console.print(f"revoked token {row['id']} ({row['name']})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ class SeriesKey(_Out):
 class ScalingPoint(_Out):
     num_devices: int
     status: PointStatus
-    flags: list[str] = []  # noisy, failed, some_failed, missing, pending, imported
+    flags: list[str] = []  # noisy, failed, some_failed, missing, pending, imported, invalid_value
     num_succeeded: int = 0
     num_failed: int = 0
     num_pending: int = 0
@@ -159,21 +160,34 @@ class ScalingReport(_Out):
 # ------------------------------------------------------------------------------------------ points
 
 
+def _finite(value: float | None) -> float | None:
+    """A stored value that is not a finite number (inf, NaN) reads as absent."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def _median(values: Iterable[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
+    vals = [v for v in map(_finite, values) if v is not None]
     return statistics.median(vals) if vals else None
 
 
+def _usable_throughput(r: RunPoint) -> bool:
+    """A throughput a curve can use: finite and positive (a bad stored value makes the point `invalid_value`)."""
+    return r.tokens_per_sec is not None and math.isfinite(r.tokens_per_sec) and r.tokens_per_sec > 0
+
+
 def _point(num_devices: int, runs: Sequence[RunPoint], noisy_spread: float) -> ScalingPoint:
-    ok = [r for r in runs if r.status == "succeeded" and r.tokens_per_sec is not None]
-    num_failed = sum(r.status == "failed" for r in runs)
+    succeeded = [r for r in runs if r.status == "succeeded" and r.tokens_per_sec is not None]
+    ok = [r for r in succeeded if _usable_throughput(r)]
+    num_invalid = len(succeeded) - len(ok)  # counted as failed: nothing usable was measured
+    num_failed = sum(r.status == "failed" for r in runs) + num_invalid
     num_pending = len(runs) - len(ok) - num_failed
     base = dict(num_devices=num_devices, num_succeeded=len(ok), num_failed=num_failed, num_pending=num_pending,
                 run_ids=[str(r.run_id) for r in runs])
     imported = ["imported"] if any(r.imported for r in runs) else []
+    invalid = ["invalid_value"] if num_invalid else []
     if not ok:
         status: PointStatus = "failed" if num_failed and not num_pending else "pending"
-        return ScalingPoint(status=status, flags=[status] + imported, **base)
+        return ScalingPoint(status=status, flags=[status] + invalid + imported, **base)
     xs = [r.tokens_per_sec for r in ok]
     x = statistics.median(xs)
     spread = (max(xs) - min(xs)) / x if x > 0 else None
@@ -181,8 +195,8 @@ def _point(num_devices: int, runs: Sequence[RunPoint], noisy_spread: float) -> S
     flags += ["some_failed"] if num_failed else []
     flags += ["pending"] if num_pending else []
     return ScalingPoint(
-        status="measured", flags=flags + imported, tokens_per_sec=x, tokens_per_sec_min=min(xs),
-        tokens_per_sec_max=max(xs), tokens_per_sec_per_device=x / num_devices, spread=spread,
+        status="measured", flags=flags + invalid + imported, tokens_per_sec=x, tokens_per_sec_min=min(xs),
+        tokens_per_sec_max=max(xs), tokens_per_sec_per_device=x / num_devices, spread=_finite(spread),
         step_ms_median=_median(r.step_ms_median for r in ok),
         mfu_vs_bf16_peak=_median(r.mfu_vs_bf16_peak for r in ok),
         mfu_vs_precision_peak=_median(r.mfu_vs_precision_peak for r in ok),

@@ -24,6 +24,12 @@ class Settings:
     heartbeat_s: float = 5.0
     lease_s: float = 30.0  # a running run whose heartbeat is older than this is reaped
     max_infra_retries: int = 2
+    # Request bodies above these sizes are answered 413 before they are parsed (import carries loss curves).
+    max_body_bytes: int = 4 << 20
+    max_import_body_bytes: int = 64 << 20
+    # Writes per token: a token bucket refilled at write_rate_per_min, holding at most write_burst; 0: no limit.
+    write_rate_per_min: float = 600.0
+    write_burst: int = 300
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -43,6 +49,10 @@ class Settings:
             heartbeat_s=float(e.get("SCALEBENCH_HEARTBEAT_S", "5")),
             lease_s=float(e.get("SCALEBENCH_LEASE_S", "30")),
             max_infra_retries=int(e.get("SCALEBENCH_MAX_INFRA_RETRIES", "2")),
+            max_body_bytes=int(e.get("SCALEBENCH_MAX_BODY_BYTES", str(cls.max_body_bytes))),
+            max_import_body_bytes=int(e.get("SCALEBENCH_MAX_IMPORT_BODY_BYTES", str(cls.max_import_body_bytes))),
+            write_rate_per_min=float(e.get("SCALEBENCH_WRITE_RATE_PER_MIN", str(cls.write_rate_per_min))),
+            write_burst=int(e.get("SCALEBENCH_WRITE_BURST", str(cls.write_burst))),
         )
 
     @property

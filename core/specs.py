@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from core.breakdown import Breakdown
 from core.shapes import MODEL_NAMES
@@ -42,6 +53,65 @@ _LAYOUT_RE = re.compile(r"^(?:(fsdp)|(ddp)|hsdp:shard=([1-9]\d*)|tp=([1-9]\d*)(\
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ------------------------------------------------------------------------------------------- storable text
+
+
+def text_problem(value: str) -> str | None:
+    """Why `value` cannot be stored (PostgreSQL refuses NUL; UTF-8 cannot encode a lone surrogate), else None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains an unpaired surrogate (not valid UTF-8)"
+    return "contains a NUL character" if "\x00" in value else None
+
+
+def check_text(value: str) -> str:
+    if problem := text_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+def bad_values(value: Any, path: str = "") -> list[tuple[str, str]]:
+    """(path, reason) of every string that cannot be stored and every float that is not finite, in a JSON-like
+    value (dicts, lists, scalars); paths read `a.b[0]`."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return [(path, problem)] if problem else []
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(path, f"{value} is not a finite number")]
+    if isinstance(value, dict):
+        out = []
+        for k, v in value.items():
+            key_path = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and (problem := text_problem(k)):
+                out.append((key_path, f"key {problem}"))
+            out += bad_values(v, key_path)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [e for i, v in enumerate(value) for e in bad_values(v, f"{path}[{i}]")]
+    return []
+
+
+def storable(value: Any) -> Any:
+    """`value` with every non-finite float as None and every unstorable string repaired (NUL dropped, lone
+    surrogates replaced): what a reader gets of a value that is somehow bad in the store."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        if text_problem(value) is None:
+            return value
+        return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(v) for v in value]
+    return value
+
+
+# A string the store can hold: valid UTF-8 (no lone surrogate) without NUL.
+Text = Annotated[str, AfterValidator(check_text)]
 
 
 # ----------------------------------------------------------------------------------------------- layouts
@@ -145,41 +215,41 @@ class ExperimentSpec(_Strict):
         },
     )
 
-    name: str = Field(min_length=1, max_length=200, description="Human-readable experiment name.")
+    name: Text = Field(min_length=1, max_length=200, description="Human-readable experiment name.")
     model: ModelName = Field(description=f"Named Llama-3 shape: {', '.join(MODEL_NAMES)}.")
-    num_layers: int | None = Field(None, ge=1, le=256, description="Override of the shape's layer count.")
-    cluster: str = Field("local-cpu", min_length=1, max_length=100, description="Cluster name (GET /clusters).")
-    gpu_counts: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+    num_layers: StrictInt | None = Field(None, ge=1, le=256, description="Override of the shape's layer count.")
+    cluster: Text = Field("local-cpu", min_length=1, max_length=100, description="Cluster name (GET /clusters).")
+    gpu_counts: list[Annotated[StrictInt, Field(ge=1, le=65536)]] = Field(
         min_length=1, max_length=32, description="Device counts N to measure (each a point of the curve).")
     precisions: list[Precision] = Field(min_length=1, max_length=5, description="Precisions to compare.")
-    layouts: list[str] = Field(["fsdp"], min_length=1, max_length=8,
+    layouts: list[Text] = Field(["fsdp"], min_length=1, max_length=8,
                                description=f"Parallelism layout templates that scale with N: {LAYOUT_FORMS}.")
     scaling: ScalingMode = Field("weak", description="weak: fixed local batch; strong: fixed global batch.")
-    seq_len: int = Field(2048, ge=16, le=131072, description="Tokens per sequence.")
-    local_batch_size: int | None = Field(None, ge=1, le=4096,
+    seq_len: StrictInt = Field(2048, ge=16, le=131072, description="Tokens per sequence.")
+    local_batch_size: StrictInt | None = Field(None, ge=1, le=4096, validate_default=True,
                                          description="Sequences per data-parallel rank (weak scaling; default 1).")
-    global_batch_size: int | None = Field(None, ge=1, le=1 << 20,
+    global_batch_size: StrictInt | None = Field(None, ge=1, le=1 << 20, validate_default=True,
                                           description="Sequences per step over all ranks (strong scaling).")
-    steps: int = Field(20, ge=2, le=100000, description="Training steps per run, warm-up included.")
-    warmup_steps: int = Field(5, ge=0, description="Leading steps excluded from timing.")
-    profile_steps: int = Field(
+    steps: StrictInt = Field(20, ge=2, le=100000, description="Training steps per run, warm-up included.")
+    warmup_steps: StrictInt = Field(5, ge=0, description="Leading steps excluded from timing.")
+    profile_steps: StrictInt = Field(
         0, ge=0, le=MAX_PROFILE_STEPS, description=(
             "Last steps of each run recorded with torch.profiler on every rank (0: off), left out of the "
             "throughput figures; the run gets a step-time breakdown and a trace (GET /runs/{id}/trace)."))
-    repeats: int = Field(1, ge=1, le=20, description="Repeats of every point (throughput is their median).")
-    compile: bool = Field(False, description="torch.compile each transformer block.")
+    repeats: StrictInt = Field(1, ge=1, le=20, description="Repeats of every point (throughput is their median).")
+    compile: StrictBool = Field(False, description="torch.compile each transformer block.")
     activation_checkpointing: Literal["none", "full"] = Field("none", description="Activation checkpointing.")
-    fp8_all_gather: bool = Field(False, description="FSDP float8 all-gather (tensorwise only).")
-    precompute_fp8_scales: bool = Field(
-        False, description="Precompute float8 dynamic scales for FSDP (tensorwise all-gather).")
-    lr: float = Field(3e-4, gt=0, le=1.0, description="Peak AdamW learning rate.")
-    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    data_path: str | None = Field(
+    fp8_all_gather: StrictBool = Field(False, description="FSDP float8 all-gather (tensorwise only).")
+    precompute_fp8_scales: StrictBool = Field(
+        False, validate_default=True, description="Precompute float8 dynamic scales for FSDP (tensorwise all-gather).")
+    lr: float = Field(3e-4, gt=0, le=1.0, allow_inf_nan=False, strict=True, description="Peak AdamW learning rate.")
+    lr_warmup_steps: StrictInt = Field(0, ge=0, le=100000, description="Linear LR warm-up steps.")
+    seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
+    data_path: Text | None = Field(
         None, max_length=1000, description="Pre-tokenized uint16/uint32 token file on the cluster (default: synthetic)."
     )
-    timeout_s: int = Field(3600, ge=10, le=7 * 24 * 3600, description="Wall-clock limit of one run.")
-    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field([], max_length=32)
+    timeout_s: StrictInt = Field(3600, ge=10, le=7 * 24 * 3600, description="Wall-clock limit of one run.")
+    tags: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field([], max_length=32)
 
     @field_validator("gpu_counts")
     @classmethod
@@ -196,20 +266,49 @@ class ExperimentSpec(_Strict):
     def _layouts(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(check_layout(t) for t in v))
 
-    @model_validator(mode="after")
-    def _consistent(self) -> ExperimentSpec:
-        if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmup_steps({self.warmup_steps}) must be below steps({self.steps})")
-        check_profile_steps(self.steps, self.warmup_steps, self.profile_steps)
-        if self.scaling == "strong" and self.global_batch_size is None:
-            raise ValueError("global_batch_size is required for scaling 'strong'")
-        if self.scaling == "weak" and self.global_batch_size is not None:
-            raise ValueError("global_batch_size applies to scaling 'strong'; use local_batch_size for 'weak'")
-        if self.scaling == "strong" and self.local_batch_size is not None:
+    # Cross-field rules are field validators (each sees the fields declared before it in info.data), so that
+    # the error names its field: `warmup_steps`, not `body`. A field that failed its own validation is absent
+    # from info.data; then the rule is skipped (that field's error is reported instead).
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup_below_steps(cls, v: int, info: ValidationInfo) -> int:
+        steps = info.data.get("steps")
+        if steps is not None and v >= steps:
+            raise ValueError(f"warmup_steps({v}) must be below steps({steps})")
+        return v
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _profile_leaves_timed_steps(cls, v: int, info: ValidationInfo) -> int:
+        steps, warmup_steps = info.data.get("steps"), info.data.get("warmup_steps")
+        if steps is not None and warmup_steps is not None:
+            check_profile_steps(steps, warmup_steps, v)
+        return v
+
+    @field_validator("local_batch_size")
+    @classmethod
+    def _local_batch_for_weak(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("scaling") == "strong":
             raise ValueError("local_batch_size applies to scaling 'weak'; use global_batch_size for 'strong'")
-        if self.precompute_fp8_scales and not self.fp8_all_gather:
+        return v
+
+    @field_validator("global_batch_size")
+    @classmethod
+    def _global_batch_for_strong(cls, v: int | None, info: ValidationInfo) -> int | None:
+        scaling = info.data.get("scaling")
+        if scaling == "strong" and v is None:
+            raise ValueError("global_batch_size is required for scaling 'strong'")
+        if scaling == "weak" and v is not None:
+            raise ValueError("global_batch_size applies to scaling 'strong'; use local_batch_size for 'weak'")
+        return v
+
+    @field_validator("precompute_fp8_scales")
+    @classmethod
+    def _precompute_needs_all_gather(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("fp8_all_gather") is False:
             raise ValueError("precompute_fp8_scales needs fp8_all_gather: true")
-        return self
+        return v
 
 
 # --------------------------------------------------------------------------------------------- run

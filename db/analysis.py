@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 
 from core.scaling import RunPoint
@@ -23,15 +25,34 @@ from db.models import Experiment, Run, RunSummary, StepMetric
 EXCLUDED_FROM_CURVES = ("cancelled",)
 
 
+class _final_loss(sa.sql.expression.FunctionElement):
+    """runs.result -> numerics.final_loss. On SQLite a result JSON that is not valid (Infinity or NaN written
+    before JSON columns were strict) reads as NULL instead of failing the whole query ("malformed JSON")."""
+
+    type = sa.Float()
+    inherit_cache = True
+
+
+@compiles(_final_loss)
+def _final_loss_default(element: _final_loss, compiler: Any, **kw: Any) -> str:
+    return compiler.process(Run.result[("numerics", "final_loss")].as_float(), **kw)
+
+
+@compiles(_final_loss, "sqlite")
+def _final_loss_sqlite(element: _final_loss, compiler: Any, **kw: Any) -> str:
+    valid = compiler.process(sa.func.json_valid(Run.result), **kw)
+    return f"CASE WHEN {valid} THEN {_final_loss_default(element, compiler, **kw)} END"
+
+
 def _run_point_select() -> sa.Select:
-    spec, result = Run.spec, Run.result
+    spec = Run.spec
     return (
         sa.select(
             Run.experiment_id, Run.id, spec["model"].as_string(), spec["num_layers"].as_integer(),
             Run.precision, Run.layout, spec["scaling"].as_string(), Run.cluster, Run.num_devices, Run.status,
             RunSummary.tokens_per_sec, RunSummary.step_ms_median, RunSummary.mfu_vs_bf16_peak,
             RunSummary.mfu_vs_precision_peak, RunSummary.peak_memory_allocated_gib,
-            result[("numerics", "final_loss")].as_float(), Run.imported,
+            _final_loss(), Run.imported,
         )
         .outerjoin(RunSummary, RunSummary.run_id == Run.id)
         .where(Run.status.not_in(EXCLUDED_FROM_CURVES))

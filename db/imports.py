@@ -1,13 +1,25 @@
 """Runs measured elsewhere: stored as an experiment (source 'import') whose runs are already succeeded.
 
-Bulk statements whatever the number of points: the experiment and its runs (db.experiments.create_experiment,
-runs flagged imported), one bulk UPDATE of the runs to their outcome, one INSERT of summaries, one of steps.
-The runs never sit committed as queued, so no dispatcher or worker ever sees them. Never commits.
+Written in bounded transactions, so that a large import never holds SQLite's one write lock for seconds
+(worker heartbeats and claims share it). The edge (api/routers/imports.py) commits after each step:
+
+  1. record_imported   the experiment, its runs (already at their outcome, finished_at still NULL) and
+                       their summaries; bulk statements whatever the number of points
+  2. store_results     the runs' result JSON (environment, numerics with the loss curve), runs grouped
+                       so that each transaction carries about IMPORT_STEP_ROWS loss values (result_chunks)
+  3. insert_steps      the step records (an imported run's steps are its loss curve, step 0 first),
+                       IMPORT_STEP_ROWS per transaction (step_chunks cuts them)
+  4. finish_imported   finished_at set on every run: the experiment's ETag fingerprint moves, so a reader
+                       that saw it mid-import (succeeded runs, part of the loss curves) reads it again
+
+The runs never sit committed as queued, so no dispatcher or worker ever sees them. Functions never commit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -17,25 +29,95 @@ from db.experiments import create_experiment
 from db.models import Experiment, Run, RunSummary, StepMetric, utcnow
 
 IMPORT_QUEUE = "import"  # no worker consumes it; recorded for completeness
+IMPORT_STEP_ROWS = 10_000  # step rows (or loss values in results) per transaction: ~100-200 ms of SQLite write lock
+# Between two of its transactions an import leaves SQLite's write lock free this long: a writer waiting in
+# SQLite's busy handler sleeps up to 100 ms between tries, and would starve if the lock were taken again
+# at once. PostgreSQL locks rows, not the database: no pause there.
+SQLITE_WRITE_GAP_S = 0.1
 
 
 def record_imported(session: Session, spec: ExperimentSpec, runs: Sequence[RunSpec],
                     results: Sequence[RunResult]) -> tuple[Experiment, list[int]]:
-    """Insert an imported experiment with one run per (RunSpec, RunResult) pair; returns it and the run ids."""
+    """Insert an imported experiment with one run per (RunSpec, RunResult) pair, and the runs' summaries (not
+    their result JSON nor their steps: see store_results, insert_steps); returns it and the run ids."""
     assert len(runs) == len(results), "one result per run"
     exp, run_ids = create_experiment(session, spec, runs, IMPORT_QUEUE, source="import")
-    now = utcnow()
     session.execute(sa.update(Run), [{
-        "id": run_id, "status": res.status, "result": res.model_dump(mode="json", exclude={"steps"}),
-        "started_at": now, "finished_at": now, "attempts": 0,
-        "error_kind": res.error.kind if res.error else None,
+        "id": run_id, "status": res.status, "attempts": 0, "error_kind": res.error.kind if res.error else None,
         "error_message": res.error.message if res.error else None,
     } for run_id, res in zip(run_ids, results)])
     summaries = [{"run_id": run_id, **res.summary.model_dump()}
                  for run_id, res in zip(run_ids, results) if res.summary is not None]
     if summaries:
         session.execute(sa.insert(RunSummary), summaries)
-    steps = [{"run_id": run_id, **s.model_dump()} for run_id, res in zip(run_ids, results) for s in res.steps]
-    if steps:
-        session.execute(sa.insert(StepMetric), steps)
     return exp, run_ids
+
+
+def result_chunks(run_ids: Sequence[int], results: Sequence[RunResult],
+                  values_per_chunk: int = IMPORT_STEP_ROWS) -> Iterator[list[tuple[int, RunResult]]]:
+    """(run id, result) pairs grouped so that a group holds about values_per_chunk loss values (a run at least)."""
+    chunk: list[tuple[int, RunResult]] = []
+    size = 0
+    for run_id, res in zip(run_ids, results):
+        chunk.append((run_id, res))
+        size += 1 + (len(res.numerics.loss_curve) if res.numerics else 0)
+        if size >= values_per_chunk:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def store_results(session: Session, pairs: Sequence[tuple[int, RunResult]]) -> None:
+    """The result JSON (RunResult without steps) of each (run id, result) pair, one bulk UPDATE."""
+    if pairs:
+        session.execute(sa.update(Run), [{"id": run_id, "result": res.model_dump(mode="json", exclude={"steps"})}
+                                         for run_id, res in pairs])
+
+
+STEP_COLUMNS = ("run_id", "step", "loss", "step_ms", "tokens", "grad_norm", "lr", "warmup")
+
+
+def step_chunks(run_ids: Sequence[int], results: Sequence[RunResult],
+                rows_per_chunk: int = IMPORT_STEP_ROWS) -> Iterator[list[tuple[Any, ...]]]:
+    """The step rows of every run as STEP_COLUMNS tuples (its steps, else its loss curve: step i has loss
+    curve[i]), at most rows_per_chunk per list. Plain tuples: 500,000 StepRecord objects cost seconds."""
+    chunk: list[tuple[Any, ...]] = []
+    for run_id, res in zip(run_ids, results):
+        if res.steps:
+            rows = ((run_id, s.step, s.loss, s.step_ms, s.tokens, s.grad_norm, s.lr, s.warmup) for s in res.steps)
+        else:
+            curve = res.numerics.loss_curve if res.numerics else []
+            rows = ((run_id, i, loss, None, 0, None, None, False) for i, loss in enumerate(curve))
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) >= rows_per_chunk:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def insert_steps(session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
+    """One DBAPI executemany of STEP_COLUMNS tuples. SQLAlchemy's per-row parameter processing (ORM or Core)
+    costs ~10x the insert itself at 500,000 rows; these columns need none (ints, floats, bools, NULLs)."""
+    if not rows:
+        return
+    conn = session.connection()
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    sql = (f"INSERT INTO {StepMetric.__tablename__} ({', '.join(STEP_COLUMNS)}) "
+           f"VALUES ({', '.join([mark] * len(STEP_COLUMNS))})")
+    conn.exec_driver_sql(sql, list(rows))
+
+
+def pause_for_other_writers(session: Session) -> None:
+    """Call between two transactions of an import: on SQLite, let a waiting writer (a heartbeat) take the lock."""
+    if session.get_bind().dialect.name == "sqlite":
+        time.sleep(SQLITE_WRITE_GAP_S)
+
+
+def finish_imported(session: Session, run_ids: Sequence[int]) -> None:
+    """The import is complete: every run gets its start and finish time (one statement)."""
+    now = utcnow()
+    session.execute(sa.update(Run).where(Run.id.in_(list(run_ids)))
+                    .values(started_at=now, finished_at=now).execution_options(synchronize_session=False))

@@ -1,4 +1,7 @@
-"""API tokens: only the sha256 of a token is stored; the plain token is shown once, at creation."""
+"""API tokens: only the sha256 of a token is stored; the plain token is shown once, at creation. A token
+is listed by name and prefix (its first characters) and revoked by id; a revoked token authenticates nothing.
+Functions never commit.
+"""
 
 from __future__ import annotations
 
@@ -12,27 +15,44 @@ from sqlalchemy.orm import Session
 from db.models import ApiToken, utcnow
 
 TOKEN_PREFIX = "sb_"
+PREFIX_CHARS = 11  # "sb_" and 8 random characters: enough to tell tokens apart, far too few to guess one
 LAST_USED_RESOLUTION = timedelta(minutes=1)  # avoid one extra write per request
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
 
 
 def create_token(session: Session, name: str = "default") -> tuple[str, ApiToken]:
-    """A new random token (returned in plain text once) and its stored row (hash only)."""
+    """A new random token (returned in plain text once) and its stored row (hash and prefix only)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken(name=name, token_hash=hash_token(token), created_at=utcnow())
+    row = ApiToken(name=name, token_hash=hash_token(token), prefix=token[:PREFIX_CHARS], created_at=utcnow())
     session.add(row)
     session.flush()
     return token, row
 
 
 def verify_token(session: Session, token: str) -> ApiToken | None:
-    """The token's row when it exists (and touch last_used_at at most once a minute), else None."""
-    row = session.scalars(sa.select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
+    """The token's row when it exists and is not revoked (and touch last_used_at at most once a minute)."""
+    row = session.scalars(sa.select(ApiToken).where(ApiToken.token_hash == hash_token(token),
+                                                    ApiToken.revoked_at.is_(None))).first()
     if row is not None:
         now = utcnow()
         if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
             row.last_used_at = now
+    return row
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    """Tokens that still authenticate, oldest first."""
+    return list(session.scalars(sa.select(ApiToken).where(ApiToken.revoked_at.is_(None)).order_by(ApiToken.id)))
+
+
+def revoke_token(session: Session, token_id: int) -> ApiToken | None:
+    """Revoke a token; None when no token with that id still authenticates."""
+    row = session.get(ApiToken, token_id)
+    if row is None or row.revoked_at is not None:
+        return None
+    row.revoked_at = utcnow()
+    session.flush()
     return row

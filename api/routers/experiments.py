@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from api import etag
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
+from api.guard import GuardedRoute
+from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
 from api.schemas import (
     CancelRead,
     ExperimentCreated,
@@ -34,28 +35,13 @@ from db.experiments import ExperimentStatus
 from db.models import RUN_STATUSES, Experiment
 from worker.queue import dispatch_runs
 
-router = APIRouter(prefix="/experiments", tags=["experiments"])
+router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=GuardedRoute)
 
 MAX_RUNS_PER_EXPERIMENT = 4096
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
 EXAMPLE = ExperimentSpec.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
 BROKER_DOWN_NOTE = "runs stay queued; the dispatcher publishes them when the broker answers again"
-
-
-def _bad_strings(value: Any, path: str = "") -> list[FieldError]:
-    """Strings PostgreSQL cannot store (NUL) or UTF-8 cannot encode (lone surrogates), with their paths."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return [FieldError(field=path, message="contains an unpaired surrogate (not valid UTF-8)")]
-        return [FieldError(field=path, message="contains a NUL character")] if "\x00" in value else []
-    if isinstance(value, dict):
-        return [e for k, v in value.items() for e in _bad_strings(v, f"{path}.{k}" if path else k)]
-    if isinstance(value, list):
-        return [e for i, v in enumerate(value) for e in _bad_strings(v, f"{path}[{i}]")]
-    return []
 
 
 def _cluster(spec: ExperimentSpec, clusters: dict[str, Cluster]) -> Cluster:
@@ -111,7 +97,7 @@ def _replay(session: Session, exp: Experiment, request_hash: str, clusters: dict
 
 
 @router.post("", status_code=201, response_model=ExperimentCreated,
-             responses={**PROBLEM_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
+             responses={**WRITE_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
              summary="Create an experiment: expand the matrix into runs and enqueue them")
 def create_experiment(
     spec: Annotated[ExperimentSpec, Body(openapi_examples={"llama3-8b": {"summary": "8B fsdp fp8 scaling",
@@ -126,8 +112,6 @@ def create_experiment(
     reasons), stores the experiment and its runs, commits, then publishes one message per run on the
     cluster's queue. If the broker is down the response says `dispatched: false` and a background
     dispatcher publishes the runs later."""
-    if bad := _bad_strings(spec.model_dump(mode="json")):
-        raise ProblemError(422, "invalid characters in the request body", bad)
     cluster = _cluster(spec, clusters)
     request_hash = _request_hash(spec)
     if idempotency_key and (existing := q.find_by_idempotency_key(session, idempotency_key)):
@@ -192,7 +176,7 @@ def get_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: Read
     return experiment_read(*found(q.experiment_with_status(session, experiment_id), "experiment", experiment_id))
 
 
-@router.post("/{experiment_id}/cancel", response_model=CancelRead, responses=PROBLEM_RESPONSES,
+@router.post("/{experiment_id}/cancel", response_model=CancelRead, responses=WRITE_RESPONSES,
              summary="Cancel: queued runs become cancelled; running runs are marked for their worker")
 def cancel_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: WriteAuth) -> CancelRead:
     _get_or_404(session, experiment_id)

@@ -1,17 +1,25 @@
 """POST /experiments/import: runs measured elsewhere (a published table, another trainer's logs) get the same
 curves. The points pass the same validation as a submitted experiment: the matrix they span is expanded by
 core.matrix.expand on the cluster, and a point the expansion skips is refused with the skip reason.
+
+Every value stored is finite and storable text, and so is every value derived from it (per-device
+throughput, step time, TFLOP/s, MFU, the ideal throughput of E(N)): an input whose derived value would
+overflow or underflow (tokens_per_sec 1e308 or 5e-324) is refused with a 422 naming the input. The rows
+are written in bounded transactions (db.imports), so a large import never holds SQLite's write lock long.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from api.deps import ClustersDep, SessionDep, WriteAuth
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, validation_errors
+from api.guard import GuardedRoute
+from api.problems import WRITE_RESPONSES, FieldError, ProblemError, validation_errors
 from api.schemas import ExperimentRead, RunBrief, experiment_read
 from core.clusters import Cluster
 from core.hardware import peak_tflops
@@ -26,14 +34,23 @@ from core.specs import (
     RunResult,
     RunSpec,
     ScalingMode,
-    StepRecord,
     Summary,
+    Text,
+    bad_values,
     check_layout,
 )
 from db import experiments as q
-from db.imports import record_imported
+from db.imports import (
+    finish_imported,
+    insert_steps,
+    pause_for_other_writers,
+    record_imported,
+    result_chunks,
+    step_chunks,
+    store_results,
+)
 
-router = APIRouter(prefix="/experiments", tags=["experiments"])
+router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=GuardedRoute)
 MAX_POINTS = 4096
 MAX_CURVE_POINTS = 10_000  # per point
 MAX_TOTAL_CURVE_POINTS = 500_000
@@ -43,7 +60,7 @@ UNKNOWN_TORCH = "unknown (imported)"
 class ImportPoint(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_devices: int = Field(ge=1, le=65536)
+    num_devices: StrictInt = Field(ge=1, le=65536)
     precision: Precision
     layout: str = Field(description="Layout template, e.g. fsdp, hsdp:shard=8, tp=2+fsdp.")
     tokens_per_sec: float | None = Field(None, gt=0, description="Global tokens/s (give this or the per-device value).")
@@ -53,7 +70,7 @@ class ImportPoint(BaseModel):
     final_loss: float | None = None
     loss_curve: list[float] = Field([], max_length=MAX_CURVE_POINTS, description="Loss per step, step 0 first.")
     environment: dict[str, Any] = Field({}, description="core.specs.Environment fields (torch_version, ...).")
-    repeat: int = Field(0, ge=0, le=19)
+    repeat: StrictInt = Field(0, ge=0, le=19)
 
     @field_validator("layout")
     @classmethod
@@ -71,15 +88,15 @@ class ImportPoint(BaseModel):
 
 
 class ExperimentImport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Text = Field(min_length=1, max_length=200)
     model: ModelName
     num_layers: int | None = Field(None, ge=1, le=256)
-    cluster: str = Field(min_length=1, max_length=63, description="A configured cluster, or a new name (then "
+    cluster: Text = Field(min_length=1, max_length=63, description="A configured cluster, or a new name (then "
                                                                    "vendor and device_name are required).")
     vendor: Literal["nvidia", "amd", "cpu"] | None = None
-    device_name: str | None = Field(None, min_length=1, max_length=200,
+    device_name: Text | None = Field(None, min_length=1, max_length=200,
                                     description="Device name; MFU is computed when the peak table knows it.")
     scaling: ScalingMode = "weak"
     seq_len: int = Field(2048, ge=16, le=131072)
@@ -88,7 +105,7 @@ class ExperimentImport(BaseModel):
     compile: bool = False
     activation_checkpointing: Literal["none", "full"] = "none"
     fp8_all_gather: bool = False
-    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field([], max_length=31)
+    tags: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field([], max_length=31)
     points: list[ImportPoint] = Field(min_length=1, max_length=MAX_POINTS)
 
 
@@ -158,6 +175,8 @@ def _match_points(body: ExperimentImport, cluster: Cluster, spec: ExperimentSpec
 
 
 def _environment(i: int, p: ImportPoint, cluster: Cluster) -> Environment:
+    if bad := bad_values(p.environment):
+        raise _bad([FieldError(field=f"points[{i}].environment.{path}", message=why) for path, why in bad])
     unknown = sorted(set(p.environment) - set(Environment.model_fields))
     if unknown:
         raise _bad([FieldError(field=f"points[{i}].environment.{k}", message="unknown environment field",
@@ -188,16 +207,43 @@ def _summary(p: ImportPoint, run: RunSpec, env: Environment) -> Summary:
         peak_memory_allocated_gib=p.peak_memory_gib)
 
 
-def _result(i: int, p: ImportPoint, run: RunSpec, cluster: Cluster) -> RunResult:
+def _normal(value: float) -> bool:
+    """Finite and not lost to underflow (all derived values come from positive inputs)."""
+    return math.isfinite(value) and abs(value) >= sys.float_info.min
+
+
+def _check_derived(i: int, p: ImportPoint, summary: Summary, max_num_devices: int) -> None:
+    """422 naming the input when a value derived from it would not be a finite, normal number."""
+    source = "tokens_per_sec" if p.tokens_per_sec is not None else "tokens_per_sec_per_device"
+    derived = {name: getattr(summary, name) for name in ("tokens_per_sec", "tokens_per_sec_per_device",
+                                                         "tflops_per_device", "mfu_vs_bf16_peak",
+                                                         "mfu_vs_precision_peak")}
+    # E(N) divides by the ideal throughput X(N0) * N / N0, N up to the largest N of the import.
+    derived["ideal tokens_per_sec at N=" + str(max_num_devices)] = summary.tokens_per_sec * max_num_devices
+    errors = []
+    if bad := [name for name, v in derived.items() if v is not None and not _normal(v)]:
+        errors.append(FieldError(field=f"points[{i}].{source}", message=(
+            f"{getattr(p, source)} gives {', '.join(bad)} outside the finite float range (overflow or underflow)")))
+    if not _normal(summary.step_ms_median):
+        field = "step_ms" if p.step_ms is not None else source
+        errors.append(FieldError(field=f"points[{i}].{field}", message=(
+            f"{getattr(p, field)} gives step_ms_median {summary.step_ms_median} outside the finite float range")))
+    if errors:
+        raise _bad(errors, "values that would not be finite")
+
+
+def _result(i: int, p: ImportPoint, run: RunSpec, cluster: Cluster, max_num_devices: int) -> RunResult:
     env = _environment(i, p, cluster)
     final = p.final_loss if p.final_loss is not None else (p.loss_curve[-1] if p.loss_curve else None)
-    steps = [StepRecord(step=s, loss=v) for s, v in enumerate(p.loss_curve)]
-    return RunResult(run_key=run.run_key(), status="succeeded", steps=steps, summary=_summary(p, run, env),
+    summary = _summary(p, run, env)
+    _check_derived(i, p, summary, max_num_devices)
+    # No StepRecords: db.imports.step_chunks writes the loss curve as the steps (500,000 objects cost seconds).
+    return RunResult(run_key=run.run_key(), status="succeeded", summary=summary,
                      numerics=Numerics(final_loss=final, loss_curve=p.loss_curve), environment=env)
 
 
 @router.post("/import", status_code=201, response_model=ImportRead,
-             responses={**PROBLEM_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
+             responses={**WRITE_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
              summary="Import runs measured elsewhere (a published table, another trainer's logs)")
 def import_experiment(body: Annotated[ExperimentImport, Body()], session: SessionDep, clusters: ClustersDep,
                       _auth: WriteAuth, response: Response) -> Any:
@@ -210,8 +256,20 @@ def import_experiment(body: Annotated[ExperimentImport, Body()], session: Sessio
     cluster = _cluster(body, clusters)
     spec = _spec(body)
     runs = _match_points(body, cluster, spec)
-    results = [_result(i, p, r, cluster) for i, (p, r) in enumerate(zip(body.points, runs))]
+    max_n = max(p.num_devices for p in body.points)
+    results = [_result(i, p, r, cluster, max_n) for i, (p, r) in enumerate(zip(body.points, runs))]
+    # Bounded transactions (db.imports): the head, results and steps in chunks, then the runs' finish times.
     exp, run_ids = record_imported(session, spec, runs, results)
+    session.commit()
+    for pairs in result_chunks(run_ids, results):
+        pause_for_other_writers(session)
+        store_results(session, pairs)
+        session.commit()
+    for rows in step_chunks(run_ids, results):
+        pause_for_other_writers(session)
+        insert_steps(session, rows)
+        session.commit()
+    finish_imported(session, run_ids)
     session.commit()
     response.headers["Location"] = f"/experiments/{exp.id}"
     briefs = [RunBrief(id=i, run_key=r.run_key(), precision=r.precision, layout=r.layout, num_devices=r.num_devices,

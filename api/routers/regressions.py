@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
 from api.deps import ReadAuth, SessionDep, WriteAuth
+from api.guard import GuardedRoute
 from api.nightly_schemas import (
     MetricName,
     RegressionDetail,
@@ -24,7 +25,7 @@ from core.regression import DEFAULT_METRICS, OPEN_STATES
 from db import regression_queries as q
 from db.models_nightly import Regression
 
-router = APIRouter(prefix="/regressions", tags=["regressions"])
+router = APIRouter(prefix="/regressions", tags=["regressions"], route_class=GuardedRoute)
 RegressionId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Regression id.")]
 
 

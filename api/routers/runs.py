@@ -11,9 +11,20 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from api import etag
-from api.deps import ReadAuth, SessionDep
+from api.deps import ReadAuth, ReaderAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, ProblemError, found
-from api.schemas import RunDetail, RunPage, RunStatus, decode_cursor, encode_cursor, run_read, step_dict, summary_dict
+from api.schemas import (
+    RunDetail,
+    RunPage,
+    RunStatus,
+    decode_cursor,
+    encode_cursor,
+    redact_run,
+    run_read,
+    step_dict,
+    summary_dict,
+)
+from core.specs import storable
 from db import experiments as eq
 from db import runs as rq
 from db.models import Run
@@ -26,7 +37,7 @@ ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment i
 @router.get("/experiments/{experiment_id}/runs", response_model=RunPage, responses=PROBLEM_RESPONSES,
             summary="Runs of an experiment, in id order")
 def list_runs(
-    experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth, request: Request, response: Response,
+    experiment_id: ExperimentId, session: SessionDep, auth: ReaderAuth, request: Request, response: Response,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     cursor: Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")] = None,
     status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
@@ -34,13 +45,14 @@ def list_runs(
     headers, unchanged = etag.check(request, session, [experiment_id])  # polls: 304 from one small query
     if unchanged:
         return unchanged
-    response.headers.update(headers)
+    response.headers.update(headers | {"Vary": "Authorization"})  # token holders see more (api.schemas.redact_run)
     found(eq.get_experiment(session, experiment_id), "experiment", experiment_id)
     rows = eq.list_runs(session, experiment_id, limit=limit, after_id=decode_cursor(cursor), status=status)
     page, more = rows[:limit], len(rows) > limit
     figures = eq.run_figures(session, [r.id for r in page])
-    return RunPage(items=[run_read(r, figures.get(r.id)) for r in page],
-                   next_cursor=encode_cursor(page[-1].id) if more else None)
+    items = [storable(run_read(r, figures.get(r.id)).model_dump()) for r in page]
+    return {"items": items if auth.authenticated() else [redact_run(i) for i in items],
+            "next_cursor": encode_cursor(page[-1].id) if more else None}
 
 
 def _run_or_404(session, run_id: int) -> Run:
@@ -49,12 +61,13 @@ def _run_or_404(session, run_id: int) -> Run:
 
 @router.get("/runs/{run_id}", response_model=RunDetail, responses=PROBLEM_RESPONSES,
             summary="One run: spec, status, summary, error, Slurm job id, links to steps and log")
-def get_run(run_id: RunId, session: SessionDep, _auth: ReadAuth,
+def get_run(run_id: RunId, session: SessionDep, auth: ReaderAuth, response: Response,
             include_steps: Annotated[bool, Query(description="Inline the per-step metrics.")] = False) -> Any:
+    response.headers["Vary"] = "Authorization"  # token holders see more (api.schemas.redact_run)
     run = _run_or_404(session, run_id)
     data = run_read(run).model_dump()
     steps = [step_dict(s) for s in rq.get_steps(session, run_id)] if include_steps else None
-    return data | {
+    detail = data | {
         "spec": run.spec, "heartbeat_at": run.heartbeat_at, "lease_expires_at": run.lease_expires_at,
         "run_dir": run.run_dir, "imported": run.imported, "result": run.result,
         "error": {"kind": run.error_kind, "message": run.error_message} if run.error_kind else None,
@@ -62,6 +75,8 @@ def get_run(run_id: RunId, session: SessionDep, _auth: ReadAuth,
         "links": {"self": f"/runs/{run_id}", "steps": f"/runs/{run_id}/steps", "log": f"/runs/{run_id}/log",
                   "trace": f"/runs/{run_id}/trace", "experiment": f"/experiments/{run.experiment_id}"},
     }
+    detail = storable(detail)  # a value that is somehow bad in the store reads as null, never as a 500
+    return detail if auth.authenticated() else redact_run(detail)
 
 
 @router.get("/runs/{run_id}/steps", response_model=list[dict[str, Any]], responses=PROBLEM_RESPONSES,

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Path, Response
 from sqlalchemy.orm import Session
 
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
+from api.guard import GuardedRoute
 from api.nightly_schemas import SuiteCreate, SuiteRead, SuiteUpdate, TriggerRead
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.matrix import MatrixError
@@ -20,7 +21,7 @@ from db.models import utcnow
 from db.models_nightly import Suite
 from worker.queue import dispatch_runs
 
-router = APIRouter(prefix="/suites", tags=["suites"])
+router = APIRouter(prefix="/suites", tags=["suites"], route_class=GuardedRoute)
 SuiteId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Suite id.")]
 
 

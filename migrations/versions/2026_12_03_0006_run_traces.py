@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = '0006_run_traces'
-down_revision: str | Sequence[str] | None = '0003_run_logs'
+down_revision: str | Sequence[str] | None = '0004_tokens'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
