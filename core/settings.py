@@ -24,6 +24,9 @@ class Settings:
     heartbeat_s: float = 5.0
     lease_s: float = 30.0  # a running run whose heartbeat is older than this is reaped
     max_infra_retries: int = 2
+    # A queued run whose latest message is older than this and that no worker claimed is published again
+    # (the broker may have lost the message, e.g. a Redis without an append-only file restarted).
+    redispatch_after_s: float = 1800.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -43,6 +46,7 @@ class Settings:
             heartbeat_s=float(e.get("SCALEBENCH_HEARTBEAT_S", "5")),
             lease_s=float(e.get("SCALEBENCH_LEASE_S", "30")),
             max_infra_retries=int(e.get("SCALEBENCH_MAX_INFRA_RETRIES", "2")),
+            redispatch_after_s=float(e.get("SCALEBENCH_REDISPATCH_AFTER_S", "1800")),
         )
 
     @property
