@@ -10,11 +10,11 @@ import logging
 
 import sqlalchemy as sa
 from celery import shared_task
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from worker import execution
 from worker.queue import TASK_EXECUTE_RUN, dispatch_runs
-from worker.reaper import recover_finished_runs
+from worker.reaper import expire_dead_owners, recover_finished_runs
 from worker.runtime import get_runtime, reset_runtime
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,20 @@ def _fresh_runtime(**_kwargs) -> None:
     reset_runtime()
 
 
+@worker_shutting_down.connect
+def _interrupt_runs(**_kwargs) -> None:
+    """SIGTERM (warm shutdown) or Ctrl-C: do not wait for the runs being watched. A local run's processes are
+    ended and the run requeued at once, a Slurm job left running for the next worker (worker.execution).
+    Called inside Celery's signal handler: it only sets a flag that the watch loops read (and log)."""
+    execution.request_shutdown()
+
+
 @worker_ready.connect
 def _recover_on_start(**_kwargs) -> None:
-    """A restarted worker first records runs that finished while it (or the database) was down."""
+    """A restarted worker first ends the leases of runs whose worker died on this host (the scheduler then
+    requeues them at once) and records runs that finished while it (or the database) was down."""
     try:
+        expire_dead_owners(get_runtime())
         recovered = recover_finished_runs(get_runtime())
         if recovered:
             log.warning("recovered finished runs on start: %s", recovered)
