@@ -254,17 +254,26 @@ def _end_group(pgid: int) -> None:
     procs.signal_group(pgid, signal.SIGKILL)
 
 
+class _Stop(Exception):
+    """SIGTERM: leave the supervision loop at once (not at its next tick)."""
+
+
+def _raise_stop(_signum: int, _frame: object) -> None:
+    raise _Stop
+
+
 def serve_forever(stack: Stack, tick_s: float = 0.5) -> int:
     """Supervise until Ctrl-C / SIGTERM (exit 0) or a child that keeps dying (exit 1)."""
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    signal.signal(signal.SIGTERM, _raise_stop)
     try:
-        while not stopping:
+        while True:
             stack.supervise()
             time.sleep(tick_s)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stop):
         pass
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
+    finally:  # stopping now: a second SIGTERM must not cut the stop short
+        signal.signal(signal.SIGTERM, lambda *_: None)
     return 0

@@ -46,3 +46,10 @@ def stamp_dispatched(session: Session, run_ids: list[int]) -> list[int]:
                         .values(dispatched_at=utcnow(), num_dispatches=Run.num_dispatches + 1)
                         .execution_options(synchronize_session=False))
     return run_ids
+
+
+def release(session: Session, run_id: int) -> bool:
+    """A queued run's message was taken by a worker that is stopping and will not start it: undispatched again,
+    so that the dispatcher publishes it anew."""
+    stmt = sa.update(Run).where(Run.id == run_id, Run.status == "queued").values(dispatched_at=None)
+    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from core.specs import RunError, RunResult, RunSpec
+from db import outbox
 from db import runs as db_runs
 from db.session import session_scope
 from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail
@@ -38,6 +39,10 @@ POLL_S = 0.25
 DB_RETRY_MAX_S = 5.0
 TAIL_IN_MESSAGE_CHARS = 2000
 LOG_SHIP_S = 2.0  # how often a running run's log tail is shipped to the store (when it grew)
+# A stopping worker ends a local run's processes with this grace before SIGKILL: the attempt is given back
+# anyway, and torchrun's own SIGTERM teardown took ~3 s here (a stop of `up` must finish within a few seconds).
+# The same grace ends the teardown of a run that already succeeded when the worker is stopping.
+SHUTDOWN_KILL_GRACE_S = 1.0
 
 
 def with_db(rt: Runtime, fn: Callable[[Session], T], what: str, retry_forever: bool = False) -> T:
@@ -60,7 +65,18 @@ def request_shutdown() -> None:
     _shutdown.set()
 
 
+def shutdown_requested() -> bool:
+    return _shutdown.is_set()
+
+
+def busy() -> bool:
+    """Is a message being handled in this process now (execute_run)?"""
+    return _num_active > 0
+
+
 _shutdown = threading.Event()
+_active_lock = threading.Lock()
+_num_active = 0  # execute_run calls in progress in this process (threads pool: several)
 
 
 def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | None = None) -> str:
@@ -69,6 +85,21 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
 
     A run that already has a live Slurm job (its worker died and the reaper requeued it, or its message came
     again) is re-attached to that job, never submitted again; the claim then spends no attempt."""
+    global _num_active
+    with _active_lock:
+        _num_active += 1
+    try:
+        return _execute(rt, run_id, republish)
+    finally:
+        with _active_lock:
+            _num_active -= 1
+
+
+def _execute(rt: Runtime, run_id: int, republish: Callable[[int], None] | None) -> str:
+    if _shutdown.is_set():  # a message taken while stopping: give it back to the outbox, start nothing
+        with_db(rt, lambda s: outbox.release(s, run_id), f"run {run_id}: release")
+        log.info("run %d: worker stopping: message given back (the dispatcher publishes it again)", run_id)
+        return "skipped"
     claimed = _claim_next(rt, run_id)
     if claimed is None:
         log.info("run %d: not claimable (already claimed, finished, cancelled or gone) and no other run of its "
@@ -104,7 +135,7 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
     _mark_ended(handle, outcome.state)
     status = _finish(rt, run_id, run.spec, run.attempts, outcome, republish)
     if hasattr(launcher, "finish"):  # the result was visible first; the node is free after teardown
-        launcher.finish(handle)
+        launcher.finish(handle, stop_waiting=_shutdown.is_set)  # a stopping worker does not wait for it
     return status
 
 
@@ -249,7 +280,7 @@ def _interrupt(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, shipped
     if slurm:
         reason = f"its worker stopped; Slurm job {handle.job_id} goes on and the next worker re-attaches to it"
     else:
-        launcher.cancel(handle)  # torchrun's group and every rank (their command lines name spec.json)
+        launcher.cancel(handle, grace_s=SHUTDOWN_KILL_GRACE_S)  # torchrun's group and every rank
         reason = "its worker was stopped mid-run; the run's processes were ended and the attempt is not counted"
     shipped.ship()
 
