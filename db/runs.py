@@ -73,7 +73,10 @@ def claim_candidates(session: Session, run_id: int, exclude: Collection[int] = (
     whose message was published (a run whose message is not out yet waits for it), and run_id itself.
 
     Claiming the oldest keeps submission order whatever order the broker delivers in. The count still adds
-    up: a message starts one published run, so every published run keeps a message of its own cluster."""
+    up: a message starts one published run, so every published run keeps a message of its own cluster.
+    Runs not yet published are not taken by another run's message (the dispatcher would not publish them
+    once claimed, leaving that other run without one); so a message delivered in the milliseconds before its
+    publisher committed dispatched_at starts its own run."""
     own = session.execute(sa.select(Run.queue, Run.cluster).where(Run.id == run_id)).first()
     if own is None:
         return []
