@@ -29,6 +29,14 @@ EMBEDDED_OVERRIDES = ("DATABASE_URL", "REDIS_URL", "SCALEBENCH_DATABASE_URL", "S
                       "SCALEBENCH_CLUSTERS_FILE", "SCALEBENCH_RUNS_DIR")
 
 
+OK_SERVER = """import http.server, sys  # BaseHTTPRequestHandler answering 200
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b'{"status": "ok"}')
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,8 +212,9 @@ def test_up_reuses_the_saved_token_while_the_api_accepts_it(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_up_on_a_port_in_use_fails_before_claiming_success_and_names_the_holder(tmp_path: Path) -> None:
     port = _free_port()
-    other = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Another server that answers 200 on every path, /healthz included (as another API would).
+    other = subprocess.Popen([sys.executable, "-c", OK_SERVER, str(port)], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: port_problem("127.0.0.1", port), 10, "the other server to listen")
         t0 = time.monotonic()
@@ -214,7 +223,7 @@ def test_up_on_a_port_in_use_fails_before_claiming_success_and_names_the_holder(
         out = up.log()
         assert code == 1, out
         assert "scalebench is up" not in out and "token" not in out
-        assert f"port {port} on 127.0.0.1 is already in use by pid {other.pid} (" in out and "http.server" in out
+        assert f"port {port} on 127.0.0.1 is already in use by pid {other.pid} (" in out and "BaseHTTP" in out
         assert not (tmp_path / "data" / "scalebench.db").exists()  # nothing was started or migrated
         print(f"up on a taken port failed in {time.monotonic() - t0:.1f} s")
     finally:
