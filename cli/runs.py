@@ -47,6 +47,8 @@ def cli_errors(fn: Callable) -> Callable:
 
 
 def load_spec(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise CliError(f"spec file {str(path)!r} is a directory; give the path of a YAML file in it")
     if not path.is_file():
         raise CliError(f"spec file {str(path)!r} does not exist")
     try:

@@ -1,16 +1,22 @@
-"""`scalebench up`: API + one worker + the scheduler in one command.
+"""`scalebench up`: API + one worker + the scheduler in one command, supervised.
 
 Embedded default: SQLite under .scalebench/ and kombu's filesystem broker (no server needed); with
 DATABASE_URL / REDIS_URL (or SCALEBENCH_DATABASE_URL / SCALEBENCH_BROKER_URL) set, Postgres and Redis.
-`alembic upgrade head` runs first. Children run in their own sessions with PDEATHSIG, so they die with
-this process even on SIGKILL; Ctrl-C / SIGTERM stops them in order (SIGTERM, then SIGKILL after a grace).
+The API port is checked first (a port held by another process fails the start, naming that process), then
+`alembic upgrade head` runs. Children run in their own sessions with PDEATHSIG, so they die with this
+process even on SIGKILL. A child that dies is restarted with back-off (logged); one that keeps dying right
+after its start stops the stack. Ctrl-C / SIGTERM stops them all at once: the worker interrupts its run
+(ends its processes, requeues it: worker.execution), SIGKILL after a grace, and nothing of the stack is
+left running (process groups and every process of a run under the runs dir are swept).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,13 +25,16 @@ from pathlib import Path
 
 import httpx
 
+from core import procs
 from core.clusters import load_clusters
-from core.procs import set_parent_death_signal
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 8.0  # the worker ends its run (SIGTERM, SIGKILL after 5 s) and requeues it within this
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # after the 1st, 2nd, ... death in a row
+STABLE_S = 60.0  # a child that ran this long before it died starts its back-off over
+MAX_QUICK_DEATHS = 5  # deaths in a row, each within STABLE_S of its start, before the stack gives up
 
 
 def create_local_token(name: str, env: dict[str, str] | None = None) -> str:
@@ -37,6 +46,33 @@ def create_local_token(name: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def token_is_accepted(url: str, token: str, timeout_s: float = 5.0) -> bool:
+    """Does the API at `url` accept this token for writes? Asked with an empty experiment: the token is
+    checked before the body, so 401 means refused and 422 (the body) accepted; nothing is created."""
+    try:
+        response = httpx.post(f"{url}/experiments", json={}, timeout=timeout_s,
+                              headers={"Authorization": f"Bearer {token}"})
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 422
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """None when host:port can be listened on (as uvicorn binds: SO_REUSEADDR), else what holds it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        return None
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    holders = procs.tcp_listener_pids(port)
+    held_by = ", ".join(procs.describe(pid) for pid in holders) if holders else "another process (not visible here)"
+    return f"port {port} on {host} is already in use by {held_by}; stop it or pass --port"
+
+
 @dataclass
 class Stack:
     host: str = "127.0.0.1"
@@ -45,6 +81,11 @@ class Stack:
     reaper_interval_s: float = 5.0
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)  # monotonic s of each child's latest start
+    quick_deaths: dict[str, int] = field(default_factory=dict)  # deaths in a row soon after a start
+    restart_at: dict[str, float] = field(default_factory=dict)  # monotonic s at which a dead child restarts
+    restarts: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Resolve the data dir once so that every child (API, worker, scheduler) shares one DB and broker.
@@ -61,6 +102,10 @@ class Stack:
     def queues(self) -> list[str]:
         return sorted({c.queue_name for c in load_clusters(self.settings.clusters_file).values()})
 
+    @property
+    def token_path(self) -> Path:
+        return self.settings.data_dir / "token"
+
     def migrate(self) -> None:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO_ROOT, env=self.env,
@@ -70,13 +115,17 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.commands[name] = args
         with (self.log_dir / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(args, cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL,
                                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                                preexec_fn=set_parent_death_signal)
+                                                preexec_fn=procs.set_parent_death_signal)
+        self.started_at[name] = time.monotonic()
         log.info("started %s (pid %d), log %s", name, self.procs[name].pid, self.log_dir / f"{name}.log")
 
     def start(self, ready_timeout_s: float = 60.0) -> None:
+        if problem := port_problem(self.host, self.port):
+            raise RuntimeError(problem)
         self.migrate()
         py = sys.executable
         self._spawn("api", [py, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", self.host,
@@ -92,11 +141,13 @@ class Stack:
         self.wait_ready(ready_timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
+        """Until our API answers /healthz: an answer from another process holding the port does not count."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.check_alive()
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    self._check_listener()
                     return
             except httpx.HTTPError:
                 pass
@@ -104,35 +155,86 @@ class Stack:
         raise RuntimeError(f"the API did not answer on {self.url}/healthz within {timeout_s:.0f} s "
                            f"(see {self.log_dir / 'api.log'})")
 
+    def _check_listener(self) -> None:
+        holders = procs.tcp_listener_pids(self.port)
+        if holders and self.procs["api"].pid not in holders:  # empty: not visible here, trust the answer
+            others = ", ".join(procs.describe(pid) for pid in holders)
+            raise RuntimeError(f"port {self.port} is held by {others}, not by our API (pid {self.procs['api'].pid})")
+
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} exited with code {proc.returncode}; its log ends with:\n{tail}")
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; its log ends with:\n{self._tail(name)}")
+
+    def _tail(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+
+    def supervise(self) -> None:
+        """One look at the children: a dead one is restarted after its back-off. RuntimeError when one died
+        MAX_QUICK_DEATHS times in a row, each soon after its start (it would only die again)."""
+        now = time.monotonic()
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None:
+                continue
+            if name not in self.restart_at:
+                self._schedule_restart(name, proc, now)
+            elif now >= self.restart_at[name]:
+                if name == "api" and (problem := port_problem(self.host, self.port)):
+                    self.restart_at[name] = now + RESTART_BACKOFF_S[-1]
+                    log.error("api: not restarted yet: %s", problem)
+                    continue
+                del self.restart_at[name]
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                self._spawn(name, self.commands[name])
+                log.warning("%s restarted (restart %d)", name, self.restarts[name])
+
+    def _schedule_restart(self, name: str, proc: subprocess.Popen, now: float) -> None:
+        ran_s = now - self.started_at[name]
+        deaths = self.quick_deaths.get(name, 0) + 1 if ran_s < STABLE_S else 0
+        self.quick_deaths[name] = deaths
+        _end_group(proc.pid)  # whatever it left in its process group
+        if deaths >= MAX_QUICK_DEATHS:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} {deaths} times in a row, each within "
+                               f"{STABLE_S:.0f} s of its start; its log ends with:\n{self._tail(name)}")
+        delay_s = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
+        self.restart_at[name] = now + delay_s
+        log.error("%s (pid %d) exited with code %s after %.1f s; restarting it in %.0f s (log %s)", name, proc.pid,
+                  proc.returncode, ran_s, delay_s, self.log_dir / f"{name}.log")
 
     def create_token(self, name: str = "scalebench-up") -> str:
         """A fresh API token, also saved (0600) as <data dir>/token for the CLI."""
         token = create_local_token(name, env=self.env)
-        path = self.settings.data_dir / "token"
-        path.touch(mode=0o600, exist_ok=True)
-        path.write_text(token + "\n")
+        self.token_path.touch(mode=0o600, exist_ok=True)
+        self.token_path.write_text(token + "\n")
         return token
 
-    def stop(self) -> None:
-        """SIGTERM every child (scheduler and API first, the worker last), SIGKILL after a grace."""
-        order = [n for n in ("scheduler", "api", "worker") if n in self.procs]
-        for name in order:
-            if self.procs[name].poll() is None:
-                self.procs[name].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for name in order:
-            proc = self.procs[name]
+    def ensure_token(self, name: str = "scalebench-up") -> tuple[str, bool]:
+        """(token, reused): the token saved in <data dir>/token when the API still accepts it, else a new one."""
+        saved = self.token_path.read_text().strip() if self.token_path.is_file() else ""
+        if saved and token_is_accepted(self.url, saved):
+            return saved, True
+        return self.create_token(name), False
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every child at once, SIGKILL (the process group) after the grace; then sweep what is left:
+        each child's process group and any process of a run under the runs dir (torchrun and its ranks)."""
+        self.restart_at.clear()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name, proc in self.procs.items():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s: SIGKILL", name, STOP_GRACE_S)
-                os.killpg(proc.pid, signal.SIGKILL)
+                log.warning("%s did not stop within %.0f s: SIGKILL", name, grace_s)
+                procs.signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
+            _end_group(proc.pid)
+        left = procs.pids_with_arg_like(str(self.settings.runs_dir) + os.sep, f"{os.sep}spec.json")
+        if left:
+            log.warning("run processes left after the stop: %s: ending them", ", ".join(map(procs.describe, left)))
+            procs.signal_pids(left, signal.SIGKILL)
         self.procs.clear()
 
     def __enter__(self) -> Stack:
@@ -147,17 +249,31 @@ class Stack:
         self.stop()
 
 
-def serve_forever(stack: Stack) -> int:
-    """Block until Ctrl-C / SIGTERM (exit 0) or a child dies (exit 1)."""
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+def _end_group(pgid: int) -> None:
+    """SIGKILL what is left in a dead child's process group (its leader is gone; members may not be)."""
+    procs.signal_group(pgid, signal.SIGKILL)
+
+
+class _Stop(Exception):
+    """SIGTERM: leave the supervision loop at once (not at its next tick)."""
+
+
+def _raise_stop(_signum: int, _frame: object) -> None:
+    raise _Stop
+
+
+def serve_forever(stack: Stack, tick_s: float = 0.5) -> int:
+    """Supervise until Ctrl-C / SIGTERM (exit 0) or a child that keeps dying (exit 1)."""
+    signal.signal(signal.SIGTERM, _raise_stop)
     try:
-        while not stopping:
-            stack.check_alive()
-            time.sleep(0.5)
-    except KeyboardInterrupt:
+        while True:
+            stack.supervise()
+            time.sleep(tick_s)
+    except (KeyboardInterrupt, _Stop):
         pass
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1
+    finally:  # stopping now: a second SIGTERM must not cut the stop short
+        signal.signal(signal.SIGTERM, lambda *_: None)
     return 0

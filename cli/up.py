@@ -18,7 +18,10 @@ def register(app: typer.Typer) -> None:
            port: Annotated[int, typer.Option(help="API port.")] = 8000,
            worker: Annotated[bool, typer.Option("--worker/--no-worker", help="Start a local worker.")] = True,
            token: Annotated[bool, typer.Option("--token/--no-token", help="Create an API token.")] = True) -> None:
-        """Start the API, a worker and the scheduler (SQLite + filesystem broker unless DATABASE_URL/REDIS_URL)."""
+        """Start the API, a worker and the scheduler (SQLite + filesystem broker unless DATABASE_URL/REDIS_URL).
+
+        Children that die are restarted (with back-off); Ctrl-C / SIGTERM stops everything, requeueing a run
+        in progress. The token saved in <data dir>/token is reused while the API accepts it."""
         stack = Stack(host=host, port=port, with_worker=worker)
         try:
             stack.start()
@@ -31,7 +34,9 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"  database {s.database_url.split('@')[-1]}, broker {s.broker_url.split('@')[-1]}, "
                    f"queues {', '.join(stack.queues)}, logs {stack.log_dir}")
         if token:
-            typer.echo(f"  token (saved to {s.data_dir / 'token'}): {stack.create_token()}")
+            value, reused = stack.ensure_token()
+            how = f"reused from {stack.token_path}" if reused else f"new, saved to {stack.token_path}"
+            typer.echo(f"  token ({how}): {value}")
         typer.echo("Ctrl-C stops everything.")
         code = serve_forever(stack)
         typer.echo("stopping ...")

@@ -57,8 +57,8 @@ def is_alive(pid: int, start_ticks: int | None = None) -> bool:
     return start_ticks is None or int(fields[19]) == start_ticks
 
 
-def pids_with_arg(needle: str) -> list[int]:
-    """Live processes whose command line contains `needle` as one argument (exact match)."""
+def _pids_where(match) -> list[int]:
+    """Live processes (not this one) whose argument list (bytes) satisfies `match`."""
     found = []
     me = os.getpid()
     for entry in os.listdir("/proc"):
@@ -68,9 +68,21 @@ def pids_with_arg(needle: str) -> list[int]:
             args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if needle.encode() in args and is_alive(int(entry)):
+        if match(args) and is_alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+def pids_with_arg(needle: str) -> list[int]:
+    """Live processes whose command line contains `needle` as one argument (exact match)."""
+    return _pids_where(lambda args: needle.encode() in args)
+
+
+def pids_with_arg_like(prefix: str, suffix: str) -> list[int]:
+    """Live processes with an argument that starts with `prefix` and ends with `suffix` (e.g. the spec.json of
+    any run under a runs dir: torchrun and its ranks)."""
+    head, tail = prefix.encode(), suffix.encode()
+    return _pids_where(lambda args: any(a.startswith(head) and a.endswith(tail) for a in args))
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -117,3 +129,47 @@ def terminate_run_processes(pgid: int | None, spec_arg: str, grace_s: float = 5.
             if pgid is None or not is_alive(pgid):
                 break
             time.sleep(0.05)
+
+
+_TCP_LISTEN = "0A"  # st column of /proc/net/tcp{,6}
+
+
+def tcp_listener_pids(port: int) -> list[int]:
+    """Processes holding a listening TCP socket on `port` (any address), from /proc/net/tcp{,6} and the socket
+    inodes in /proc/<pid>/fd. Empty when none is visible (another user's processes, other namespaces)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()  # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(fields) > 9 and fields[3] == _TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    pids = []
+    for entry in os.listdir("/proc") if inodes else []:
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
+                    pids.append(int(entry))
+                    break
+            except OSError:
+                continue
+    return sorted(pids)
+
+
+def describe(pid: int, max_chars: int = 200) -> str:
+    """'pid 123 (python -m http.server 8000)' from /proc; just 'pid 123' when its command line is not readable."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return f"pid {pid}"
+    cmd = " ".join(a.decode(errors="replace") for a in args)
+    return f"pid {pid} ({cmd[:max_chars]})" if cmd else f"pid {pid}"

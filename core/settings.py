@@ -30,6 +30,9 @@ class Settings:
     # Writes per token: a token bucket refilled at write_rate_per_min, holding at most write_burst; 0: no limit.
     write_rate_per_min: float = 600.0
     write_burst: int = 300
+    # A queued run whose latest message is older than this and that no worker claimed is published again
+    # (the broker may have lost the message, e.g. a Redis without an append-only file restarted).
+    redispatch_after_s: float = 1800.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -53,6 +56,7 @@ class Settings:
             max_import_body_bytes=int(e.get("SCALEBENCH_MAX_IMPORT_BODY_BYTES", str(cls.max_import_body_bytes))),
             write_rate_per_min=float(e.get("SCALEBENCH_WRITE_RATE_PER_MIN", str(cls.write_rate_per_min))),
             write_burst=int(e.get("SCALEBENCH_WRITE_BURST", str(cls.write_burst))),
+            redispatch_after_s=float(e.get("SCALEBENCH_REDISPATCH_AFTER_S", "1800")),
         )
 
     @property

@@ -45,6 +45,7 @@ class Run(Base):
         enum_check("status", RUN_STATUSES),
         sa.Index("ix_runs_experiment_id_status", "experiment_id", "status"),
         sa.Index("ix_runs_status_dispatched_at", "status", "dispatched_at"),
+        sa.Index("ix_runs_queue_status_id", "queue", "status", "id"),  # the oldest claimable run of a queue
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -63,7 +64,8 @@ class Run(Base):
     worker: Mapped[str | None] = mapped_column(sa.String(200))
     host: Mapped[str | None] = mapped_column(sa.String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    dispatched_at: Mapped[datetime | None]  # set only after the broker accepted the message
+    dispatched_at: Mapped[datetime | None]  # when the broker accepted the run's latest message
+    num_dispatches: Mapped[int] = mapped_column(default=0, server_default="0")  # messages published for the run
     started_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
     lease_expires_at: Mapped[datetime | None]

@@ -7,13 +7,24 @@ message, the reaper and a cancel can race without a lost update. Functions never
        |                    |  \\--mark_failed------> failed
        |                    |   \\--reap_expired----> queued (attempts left) | failed 'worker_lost'
        |                    |    \\-requeue_detached-> queued, attempt not spent (a Slurm job outlives its worker:
-       |                    |                          the next claim re-attaches to it, count_attempt=False)
+       |                    |    |                     the next claim re-attaches to it, count_attempt=False)
+       |                    |    \\-requeue_interrupted-> queued (its worker was stopped, SIGTERM): the run's
+       |                    |                          processes were ended (attempt refunded) or its Slurm job
+       |                    |                          goes on (re-attached); recorded at once, no lease wait
        \\--mark_cancelled--> cancelled  <--mark_cancelled (worker acted on cancel_requested)
+
+A lease ends early (expire_leases) when its worker is known dead (its pid is gone on this host); the reaper
+then takes the run as above without waiting for the lease to run out.
+
+Which queued run a message starts: claim_candidates, the oldest published run of the message's cluster and
+queue (or the message's own run), so runs of a cluster start in submission order whatever order the broker
+delivers messages in; each message still claims at most one run and each run is claimed once (claim_run).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -56,6 +67,27 @@ def claim_run(session: Session, run_id: int, worker: str, host: str, lease_s: fl
         heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s), finished_at=None,
         error_kind=None, error_message=None,
     )
+
+
+def claim_candidates(session: Session, run_id: int, exclude: Collection[int] = (), limit: int = 20) -> list[int]:
+    """Queued runs a message for `run_id` may start, oldest first: uncancelled runs of its cluster and queue
+    whose message was published (a run whose message is not out yet waits for it), and run_id itself.
+
+    Claiming the oldest keeps submission order whatever order the broker delivers in. The count still adds
+    up: a message starts one published run, so every published run keeps a message of its own cluster.
+    Runs not yet published are not taken by another run's message (the dispatcher would not publish them
+    once claimed, leaving that other run without one); so a message delivered in the milliseconds before its
+    publisher committed dispatched_at starts its own run."""
+    own = session.execute(sa.select(Run.queue, Run.cluster).where(Run.id == run_id)).first()
+    if own is None:
+        return []
+    stmt = (sa.select(Run.id)
+            .where(Run.queue == own.queue, Run.cluster == own.cluster, Run.status == "queued",
+                   Run.cancel_requested.is_(False), sa.or_(Run.dispatched_at.is_not(None), Run.id == run_id))
+            .order_by(Run.id).limit(limit))
+    if exclude:
+        stmt = stmt.where(Run.id.not_in(list(exclude)))
+    return list(session.scalars(stmt))
 
 
 def heartbeat(session: Session, run_id: int, lease_s: float, worker: str | None = None,
@@ -164,6 +196,33 @@ def requeue_detached(session: Session, run_ids: list[int], now: datetime | None 
     return requeued
 
 
+def requeue_interrupted(session: Session, run_id: int, worker: str, reason: str, refund_attempt: bool) -> bool:
+    """running|pending (owned by `worker`) -> queued, undispatched, at once: its worker is shutting down.
+
+    refund_attempt: the run's processes were ended by us (not the run's fault), so the attempt is given back
+    and the next claim launches it afresh; False for a Slurm job that goes on (the next claim re-attaches and
+    spends nothing). A run with a pending cancel is left to mark_cancelled."""
+    stmt = (sa.update(Run)
+            .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.worker == worker,
+                   Run.cancel_requested.is_(False))
+            .values(status="queued", dispatched_at=None, worker=None, host=None, lease_expires_at=None,
+                    attempts=Run.attempts - int(refund_attempt), error_kind=None,
+                    error_message=f"requeued: {reason}"[:2000]))
+    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
+
+
+def expire_leases(session: Session, owners: list[tuple[int, str]], now: datetime | None = None) -> list[int]:
+    """End now the leases of active runs whose worker is known dead: (run id, worker) pairs; a run claimed by
+    another worker meanwhile is left alone. The reaper then requeues or fails them (reap_expired)."""
+    now = now or utcnow()
+    expired = []
+    for run_id, worker in owners:
+        if _update(session, run_id, [Run.status.in_(ACTIVE_STATUSES), Run.worker == worker],
+                   lease_expires_at=now - timedelta(microseconds=1)):
+            expired.append(run_id)
+    return expired
+
+
 def requeue_for_retry(session: Session, run_id: int, reason: str) -> bool:
     """running|pending -> queued (undispatched) for another attempt after an infrastructure failure
     (node failure, preemption), unless a cancel is pending."""
@@ -184,9 +243,17 @@ def active_runs_with_dir(session: Session) -> list[Run]:
 
 
 def expired_active_runs(session: Session, now: datetime) -> list[sa.Row]:
-    """(id, cluster, run_dir, created_at) of active runs whose lease expired and that have no pending cancel."""
-    return list(session.execute(sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at).where(
+    """(id, cluster, run_dir, created_at, attempts) of active runs whose lease expired and that have no pending
+    cancel."""
+    return list(session.execute(sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at, Run.attempts).where(
         Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now, Run.cancel_requested.is_(False))))
+
+
+def active_runs_on_host(session: Session, host: str) -> list[tuple[int, str]]:
+    """(id, worker) of active runs whose worker runs on `host` (whose liveness this host can check)."""
+    stmt = sa.select(Run.id, Run.worker).where(Run.status.in_(ACTIVE_STATUSES), Run.host == host,
+                                               Run.worker.is_not(None))
+    return [(row.id, row.worker) for row in session.execute(stmt)]
 
 
 def run_dirs(session: Session, run_ids: list[int]) -> list[tuple[int, str | None]]:

@@ -4,11 +4,18 @@ The Celery task (worker/tasks.py) is a thin adapter over `execute_run`. Every DB
 transaction; the run's process never waits on the database: if Postgres is down when the run ends,
 result.json stays in the run directory and recording is retried with backoff until the database is back
 (and `recover_finished_runs` records it after a worker restart).
+
+A message names a run, but the worker starts the oldest claimable run of that run's cluster
+(db.runs.claim_candidates), so runs start in submission order whatever order the broker delivers in.
+When the worker is told to stop (SIGTERM, `request_shutdown`), a watched run is not waited for: a local
+run's processes are ended and the run is requeued at once with its attempt given back; a Slurm job goes on
+and its run is requeued for the next worker to re-attach to.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from core.specs import RunError, RunResult, RunSpec
+from db import outbox
 from db import runs as db_runs
 from db.session import session_scope
 from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail, trace_files
@@ -31,6 +39,10 @@ POLL_S = 0.25
 DB_RETRY_MAX_S = 5.0
 TAIL_IN_MESSAGE_CHARS = 2000
 LOG_SHIP_S = 2.0  # how often a running run's log tail is shipped to the store (when it grew)
+# A stopping worker ends a local run's processes with this grace before SIGKILL: the attempt is given back
+# anyway, and torchrun's own SIGTERM teardown took ~3 s here (a stop of `up` must finish within a few seconds).
+# The same grace ends the teardown of a run that already succeeded when the worker is stopping.
+SHUTDOWN_KILL_GRACE_S = 1.0
 
 
 def with_db(rt: Runtime, fn: Callable[[Session], T], what: str, retry_forever: bool = False) -> T:
@@ -48,17 +60,54 @@ def with_db(rt: Runtime, fn: Callable[[Session], T], what: str, retry_forever: b
             delay_s = min(DB_RETRY_MAX_S, delay_s * 2)
 
 
+def request_shutdown() -> None:
+    """The worker is stopping (SIGTERM): watched runs are interrupted and requeued at once (see _interrupt)."""
+    _shutdown.set()
+
+
+def shutdown_requested() -> bool:
+    return _shutdown.is_set()
+
+
+def busy() -> bool:
+    """Is a message being handled in this process now (execute_run)?"""
+    return _num_active > 0
+
+
+_shutdown = threading.Event()
+_active_lock = threading.Lock()
+_num_active = 0  # execute_run calls in progress in this process (threads pool: several)
+
+
 def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | None = None) -> str:
-    """Claim and execute one run; returns what happened ('skipped', or the final status).
+    """A message for run_id: claim the oldest claimable run of its cluster (usually run_id itself) and execute
+    it; returns what happened ('skipped', or the final status).
 
     A run that already has a live Slurm job (its worker died and the reaper requeued it, or its message came
     again) is re-attached to that job, never submitted again; the claim then spends no attempt."""
-    attached = _find_attachable(rt, run_id)
-    claimed = with_db(rt, lambda s: db_runs.claim_run(s, run_id, rt.worker_name, rt.host, rt.settings.lease_s,
-                                                      count_attempt=attached is None), f"run {run_id}: claim")
-    if not claimed:
-        log.info("run %d: not claimable (already claimed, finished, cancelled or gone): nothing to do", run_id)
+    global _num_active
+    with _active_lock:
+        _num_active += 1
+    try:
+        return _execute(rt, run_id, republish)
+    finally:
+        with _active_lock:
+            _num_active -= 1
+
+
+def _execute(rt: Runtime, run_id: int, republish: Callable[[int], None] | None) -> str:
+    if _shutdown.is_set():  # a message taken while stopping: give it back to the outbox, start nothing
+        with_db(rt, lambda s: outbox.release(s, run_id), f"run {run_id}: release")
+        log.info("run %d: worker stopping: message given back (the dispatcher publishes it again)", run_id)
         return "skipped"
+    claimed = _claim_next(rt, run_id)
+    if claimed is None:
+        log.info("run %d: not claimable (already claimed, finished, cancelled or gone) and no other run of its "
+                 "cluster waits: nothing to do", run_id)
+        return "skipped"
+    if claimed[0] != run_id:
+        log.info("message for run %d: starting run %d, the oldest queued run of its cluster", run_id, claimed[0])
+    run_id, attached = claimed
     run = with_db(rt, lambda s: db_runs.get_run(s, run_id), f"run {run_id}: read")
     assert run is not None
     try:
@@ -71,7 +120,7 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
                         run_id, handle.job_id, handle.extra.get("last_state"))
         else:
             run_dir = rt.run_dir(cluster, run_id)
-            if run.attempts == 1 and run_dir.exists():  # left by a previous database with the same run ids
+            if run_dir.exists() and _left_by_another_database(run_dir, run.created_at):
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
             handle = launcher.start(spec, str(run_id), run_dir)
     except Exception as exc:  # noqa: BLE001 - recorded, never swallowed
@@ -81,13 +130,49 @@ def execute_run(rt: Runtime, run_id: int, republish: Callable[[int], None] | Non
     with_db(rt, lambda s: db_runs.update_launch(s, run_id, run_dir=str(run_dir), slurm_job_id=handle.job_id),
             f"run {run_id}: launch details", retry_forever=True)
     outcome = _watch(rt, run_id, launcher, handle)
-    if outcome is None:
-        return "cancelled"
+    if isinstance(outcome, str):  # cancelled, or interrupted by the worker's shutdown
+        return outcome
     _mark_ended(handle, outcome.state)
     status = _finish(rt, run_id, run.spec, run.attempts, outcome, republish)
     if hasattr(launcher, "finish"):  # the result was visible first; the node is free after teardown
-        launcher.finish(handle)
+        launcher.finish(handle, stop_waiting=_shutdown.is_set)  # a stopping worker does not wait for it
     return status
+
+
+def _claim_next(rt: Runtime, message_run_id: int) -> tuple[int, LaunchHandle | None] | None:
+    """Claim the oldest claimable run for this message (db.runs.claim_candidates): (run id, the Slurm job's
+    handle to re-attach to or None), or None when there is nothing to claim. Racing workers are fine: the
+    claim is one conditional UPDATE; the loser tries the next candidate."""
+    tried: set[int] = set()
+    while True:
+        candidates = with_db(rt, lambda s: db_runs.claim_candidates(s, message_run_id, exclude=tried),
+                             f"run {message_run_id}: claim candidates")
+        if not candidates:
+            return None
+        for run_id in candidates:
+            tried.add(run_id)
+            try:
+                attached = _find_attachable(rt, run_id)
+            except RuntimeError as exc:  # Slurm cannot be asked: a job may exist, so none is submitted now
+                log.warning("run %d: cannot tell whether a Slurm job was submitted for it (%s): left queued "
+                            "(the scheduler publishes it again later)", run_id, exc)
+                continue
+            def claim(s: Session, i: int = run_id, a: LaunchHandle | None = attached) -> bool:
+                return db_runs.claim_run(s, i, rt.worker_name, rt.host, rt.settings.lease_s, count_attempt=a is None)
+
+            if with_db(rt, claim, f"run {run_id}: claim"):
+                return run_id, attached
+
+
+def _left_by_another_database(run_dir: Path, created_at: datetime) -> bool:
+    """A run directory older than the run itself was left by a previous database with the same run ids."""
+    created_s = (created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)).timestamp()
+    try:
+        handle = LaunchHandle.load(run_dir)
+        written_s = handle.started_at if handle is not None else run_dir.stat().st_mtime
+    except (OSError, ValueError, TypeError):
+        return True
+    return written_s < created_s
 
 
 def attachable_handle(run_dir: str | Path, run_id: int, created_at: datetime) -> LaunchHandle | None:
@@ -115,7 +200,26 @@ def _find_attachable(rt: Runtime, run_id: int) -> LaunchHandle | None:
     cluster = rt.clusters[run.cluster]
     if cluster.launcher != "slurm":
         return None  # a local run's processes died with their worker: it is launched again
-    return attachable_handle(run.run_dir or rt.run_dir(cluster, run_id), run_id, run.created_at)
+    return find_slurm_job(rt, cluster, run_id, run.run_dir or rt.run_dir(cluster, run_id), run.created_at,
+                          run.attempts)
+
+
+def find_slurm_job(rt: Runtime, cluster, run_id: int, run_dir: str | Path, created_at: datetime,
+                   attempts: int) -> LaunchHandle | None:
+    """The Slurm job a run can be re-attached to: from handle.json, else (a worker died after sbatch returned
+    and before it wrote handle.json) found by its job name. Raises RuntimeError (SlurmError) when Slurm
+    cannot be asked."""
+    handle = attachable_handle(run_dir, run_id, created_at)
+    if handle is not None or attempts == 0:
+        return handle  # never claimed: no job can have been submitted for it
+    try:
+        previous = LaunchHandle.load(run_dir)  # a job whose outcome was taken (an infrastructure retry)
+    except (OSError, ValueError, TypeError):
+        previous = None
+    created_s = (created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)).timestamp()
+    ours = previous is not None and previous.launcher == "slurm" and previous.run_id == str(run_id)
+    newer_than = previous.job_id if ours and previous.job_id else None
+    return rt.launcher(cluster).find_job(str(run_id), run_dir, created_s, newer_than_job=newer_than)
 
 
 def _mark_ended(handle: LaunchHandle, state: str) -> None:
@@ -129,8 +233,9 @@ def _mark_ended(handle: LaunchHandle, state: str) -> None:
         log.warning("run %s: could not mark %s ended (%s)", handle.run_id, handle.run_dir, exc)
 
 
-def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOutcome | None:
-    """Poll until the run ends; heartbeat; act on cancel. None when the run was cancelled (or taken away)."""
+def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOutcome | str:
+    """Poll until the run ends; heartbeat; act on cancel and on the worker's shutdown. A status string
+    instead of an outcome when the run was cancelled (or taken away) or interrupted (requeued)."""
     next_heartbeat = next_cancel_check = next_log = 0.0
     last_state = "running"
     shipped = LogShipper(rt, run_id, handle.run_dir)
@@ -140,6 +245,8 @@ def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOu
             shipped.ship(final=True)
             ship_traces(rt, run_id, handle.run_dir)
             return outcome
+        if _shutdown.is_set():
+            return _interrupt(rt, run_id, launcher, handle, shipped)
         now = time.monotonic()
         if now >= next_log:
             next_log = now + LOG_SHIP_S
@@ -156,15 +263,39 @@ def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOu
                 _stop(rt, run_id, launcher, handle, owned=lease.owned)
                 if lease.owned:
                     shipped.ship(final=True)
-                return None
+                return "cancelled"
         elif now >= next_cancel_check:
             next_cancel_check = now + CANCEL_CHECK_S
             flag = _try_db(rt, lambda s: db_runs.cancel_requested(s, run_id), f"run {run_id}: cancel check")
             if flag:
                 _stop(rt, run_id, launcher, handle, owned=True)
                 shipped.ship(final=True)
-                return None
+                return "cancelled"
         time.sleep(POLL_S)
+
+
+def _interrupt(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, shipped: LogShipper) -> str:
+    """The worker is stopping: end a local run's processes (a Slurm job does not depend on us: it goes on) and
+    requeue the run at once (db.runs.requeue_interrupted), so that nobody waits for its lease to run out."""
+    slurm = handle.launcher == "slurm"
+    if slurm:
+        reason = f"its worker stopped; Slurm job {handle.job_id} goes on and the next worker re-attaches to it"
+    else:
+        launcher.cancel(handle, grace_s=SHUTDOWN_KILL_GRACE_S)  # torchrun's group and every rank
+        reason = "its worker was stopped mid-run; the run's processes were ended and the attempt is not counted"
+    shipped.ship()
+
+    def requeue(s: Session) -> str:
+        if db_runs.requeue_interrupted(s, run_id, rt.worker_name, reason, refund_attempt=not slurm):
+            return "queued"
+        if not slurm and db_runs.cancel_requested(s, run_id) and db_runs.mark_cancelled(s, run_id):
+            return "cancelled"
+        return "interrupted"  # ended meanwhile (cancelled, reaped): its record stands
+
+    # One try, no retry: a stopping worker must not hang on a database that is down (the lease then expires).
+    status = _try_db(rt, requeue, f"run {run_id}: requeue on shutdown") or "interrupted"
+    log.warning("run %d: worker stopping: %s (%s)", run_id, reason, status)
+    return status
 
 
 class LogShipper:
@@ -225,13 +356,12 @@ def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool)
         # Reaped while this worker could not heartbeat: the reaper requeued it for a worker to re-attach
         # (or cancelled it, and scancelled the job itself). The job does not depend on us: leave it alone.
         log.warning("run %d: no longer ours: stop watching Slurm job %s (left running)", run_id, handle.job_id)
-        return None
+        return
     why = "cancel requested" if owned else "the run is no longer ours (reaped or cancelled)"
     log.info("run %d: %s: ending its processes", run_id, why)
     launcher.cancel(handle)
     if owned:
         with_db(rt, lambda s: db_runs.mark_cancelled(s, run_id), f"run {run_id}: mark cancelled", retry_forever=True)
-    return None
 
 
 _db_warned_at = 0.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import redis
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import Settings
 from db import outbox
+from db.models import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +141,16 @@ def dispatch_runs(session: Session, celery: Celery, run_ids: Sequence[int] | Non
     All or nothing per call: on a broker error nothing is stamped. The caller commits (that releases
     the row locks).
     """
-    published: list[int] = []
     error = broker_error(celery)  # fail fast: a refused publish would block a request for seconds
     if error:
-        return DispatchOutcome(published, error)
-    rows = outbox.lock_undispatched(session, run_ids, limit)
+        return DispatchOutcome([], error)
+    return _publish_locked(session, celery, outbox.lock_undispatched(session, run_ids, limit))
+
+
+def _publish_locked(session: Session, celery: Celery, rows: list[tuple[int, str]]) -> DispatchOutcome:
+    """Publish one message per locked (run id, queue) row, then stamp them; nothing is stamped on an error."""
     if not rows:
-        return DispatchOutcome(published)
+        return DispatchOutcome([])
     try:
         # One pipelined round trip on Redis (kombu >= 5.6 batches); other transports publish one by one.
         with celery.producer_or_acquire() as producer, producer.batch():
@@ -156,7 +161,7 @@ def dispatch_runs(session: Session, celery: Celery, run_ids: Sequence[int] | Non
         # (a message that did get through is then a duplicate the worker's atomic claim ignores).
         error = f"broker unreachable: {type(exc).__name__}: {exc}"
         log.warning("publishing %d runs failed; %s", len(rows), error)
-        return DispatchOutcome(published, error)
+        return DispatchOutcome([], error)
     return DispatchOutcome(outbox.stamp_dispatched(session, [run_id for run_id, _ in rows]))
 
 
@@ -168,4 +173,23 @@ def dispatch_pending(session_factory: sessionmaker[Session], celery: Celery,
         session.commit()
     if outcome.published:
         log.info("dispatcher published %d runs", len(outcome.published))
+    return outcome
+
+
+def redispatch_stale(session_factory: sessionmaker[Session], celery: Celery, after_s: float,
+                     limit: int = DISPATCH_BATCH) -> DispatchOutcome:
+    """Publish again queued runs whose latest message is older than `after_s` and that no worker claimed:
+    the broker may have lost it (a Redis without an append-only file restarted). The stamp resets
+    dispatched_at, so a run is published again at most once per `after_s`; a message that was not lost
+    after all is a duplicate, and a duplicate claims the oldest claimable run of its cluster or nothing."""
+    error = broker_error(celery)
+    if error:
+        return DispatchOutcome([], error)
+    with session_factory() as session:
+        rows = outbox.lock_stale_dispatched(session, utcnow() - timedelta(seconds=after_s), limit)
+        outcome = _publish_locked(session, celery, rows)
+        session.commit()
+    if outcome.published:
+        log.warning("re-published %d runs queued for more than %.0f s since their last message (lost by the "
+                    "broker?): %s", len(outcome.published), after_s, outcome.published)
     return outcome

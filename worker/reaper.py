@@ -1,9 +1,12 @@
 """The reaper: no run is ever left `running` without a live worker.
 
 One pass (`reap_once`):
+0. end the leases of runs whose worker is known dead (its pid is gone on this host, e.g. a worker SIGKILLed
+   under `scalebench up`), so that steps 2-3 take them now instead of when the lease runs out;
 1. recover finished run dirs: an active run whose worker is gone (lease expired, or a dead pid on this host)
    but whose result.json is on disk is recorded from it (e.g. the database was down when it finished);
-2. expired leases of runs with a submitted Slurm job (handle.json in the run dir): the job does not depend on
+2. expired leases of runs with a submitted Slurm job (handle.json in the run dir, else a job found by its name
+   scalebench-<run id>: its worker died between sbatch and writing handle.json): the job does not depend on
    the worker that died, so the run goes back to the queue without spending an attempt and is neither
    failed nor scancelled; the next worker to claim it re-attaches to the job (worker.execution);
 3. reap the other expired leases (db.runs.reap_expired): back to queued while attempts remain, else failed
@@ -25,7 +28,7 @@ from core import procs
 from core.specs import RunResult
 from db import runs as db_runs
 from db.models import Run, utcnow
-from worker.execution import attachable_handle, ship_traces, with_db
+from worker.execution import find_slurm_job, ship_traces, with_db
 from worker.launchers.base import SPEC_FILE, LaunchHandle, read_log_tail, read_result
 from worker.runtime import Runtime
 
@@ -39,6 +42,25 @@ def _owner_is_dead(run: Run, host: str, now: datetime) -> bool:
         pid = run.worker.rsplit(":", 1)[1]
         return pid.isdigit() and not procs.is_alive(int(pid))
     return False
+
+
+def _worker_is_dead(worker: str) -> bool:
+    """A worker named host:pid (worker.runtime) of this host whose pid no longer runs."""
+    pid = worker.rsplit(":", 1)[-1]
+    return pid.isdigit() and not procs.is_alive(int(pid))
+
+
+def expire_dead_owners(rt: Runtime) -> list[int]:
+    """End the leases of active runs whose worker ran on this host and is gone (db.runs.expire_leases)."""
+    owned = with_db(rt, lambda s: db_runs.active_runs_on_host(s, rt.host), "reap: runs of this host")
+    dead = [(run_id, worker) for run_id, worker in owned if _worker_is_dead(worker)]
+    if not dead:
+        return []
+    expired = with_db(rt, lambda s: db_runs.expire_leases(s, dead), "reap: leases of dead workers")
+    if expired:
+        log.warning("runs whose worker is gone from this host (%s): lease ended now: %s",
+                    ", ".join(sorted({w for _, w in dead})), expired)
+    return expired
 
 
 def _processes_alive(run_dir: Path) -> bool:
@@ -75,11 +97,17 @@ def requeue_detached_runs(rt: Runtime, now: datetime | None = None) -> list[int]
     now = now or utcnow()
     run_ids = []
     expired = with_db(rt, lambda s: db_runs.expired_active_runs(s, now), "reap: expired runs")
-    for run_id, cluster_name, run_dir, created_at in expired:
+    for run_id, cluster_name, run_dir, created_at, attempts in expired:
         cluster = rt.clusters.get(cluster_name)
-        if run_dir is None and cluster is not None and cluster.launcher == "slurm":
-            run_dir = str(rt.run_dir(cluster, run_id))  # died between sbatch and recording the run dir
-        if run_dir and attachable_handle(run_dir, run_id, created_at) is not None:
+        if cluster is None or cluster.launcher != "slurm":
+            continue
+        try:
+            handle = find_slurm_job(rt, cluster, run_id, run_dir or rt.run_dir(cluster, run_id), created_at, attempts)
+        except RuntimeError as exc:  # Slurm cannot be asked from here: the lease is reaped as usual, and the
+            # next worker's claim still looks the job up by its name before it would submit one
+            log.warning("run %d: could not ask Slurm for its job (%s)", run_id, exc)
+            continue
+        if handle is not None:
             run_ids.append(run_id)
     if not run_ids:
         return []
@@ -119,7 +147,9 @@ def _cancel_slurm_job(rt: Runtime, run_id: int, handle: LaunchHandle) -> None:
 
 
 def reap_once(rt: Runtime) -> dict[str, list[int]]:
-    """One pass: recover finished run dirs, requeue runs with a Slurm job to re-attach, reap expired leases."""
+    """One pass: end leases of dead workers, recover finished run dirs, requeue runs with a Slurm job to
+    re-attach, reap expired leases."""
+    expire_dead_owners(rt)
     recovered = recover_finished_runs(rt)
     detached = requeue_detached_runs(rt)
     max_attempts = rt.settings.max_infra_retries + 1

@@ -7,7 +7,8 @@ matters when the only worker is busy with a long run):
 - reaper (worker.reaper): recover finished run dirs, requeue runs whose Slurm job can be re-attached,
   reap expired leases;
 - dispatcher (worker.queue.dispatch_pending): publish queued runs whose message was never sent (the
-  broker was down at submission) or that the reaper requeued;
+  broker was down at submission) or that the reaper requeued; and (worker.queue.redispatch_stale) publish
+  again, once per SCALEBENCH_REDISPATCH_AFTER_S, runs that stayed queued that long after their message;
 - nightly tick (worker.nightly): fire due suites, check finished suite experiments, deliver webhooks.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from worker.nightly import NIGHTLY_TICK_S, nightly_tick
-from worker.queue import dispatch_pending, make_celery
+from worker.queue import dispatch_pending, make_celery, redispatch_stale
 from worker.reaper import reap_once
 from worker.runtime import get_runtime
 
@@ -42,12 +43,15 @@ def passes(reap_interval_s: float, dispatch_interval_s: float, nightly_interval_
     rt = get_runtime()
     celery = make_celery(rt.settings)
     return [Pass("reaper", reap_interval_s, lambda: reap_once(rt)),
-            Pass("dispatcher", dispatch_interval_s, lambda: _dispatch(rt.session_factory, celery)),
+            Pass("dispatcher", dispatch_interval_s,
+                 lambda: _dispatch(rt.session_factory, celery, rt.settings.redispatch_after_s)),
             Pass("nightly", nightly_interval_s, lambda: nightly_tick(rt.session_factory, celery, rt.clusters))]
 
 
-def _dispatch(session_factory, celery) -> None:
+def _dispatch(session_factory, celery, redispatch_after_s: float) -> None:
     outcome = dispatch_pending(session_factory, celery)
+    if outcome.ok:
+        outcome = redispatch_stale(session_factory, celery, redispatch_after_s)
     if outcome.error:
         log.warning("dispatcher: %s", outcome.error)
 

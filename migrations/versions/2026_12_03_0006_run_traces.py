@@ -1,7 +1,7 @@
 """run_traces: each rank's profiler trace of a profiled run, gzipped, shipped by the worker
 
 Revision ID: 0006_run_traces
-Revises: 0003_run_logs
+Revises: 0005_run_order
 Create Date: 2026-12-03 09:00:00
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = '0006_run_traces'
-down_revision: str | Sequence[str] | None = '0004_tokens'
+down_revision: str | Sequence[str] | None = '0005_run_order'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

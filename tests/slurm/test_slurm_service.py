@@ -20,6 +20,7 @@ cannot give). --overcommit: 4 ranks on 2 CPUs.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,14 +66,14 @@ class Service:
         self.tmp, self.api, self.env = tmp, api, env
         self.workers: list[WorkerProc] = []
 
-    def start_worker(self) -> WorkerProc:
+    def start_worker(self, env_extra: dict[str, str] | None = None) -> WorkerProc:
         log_path = self.tmp / f"worker-{len(self.workers)}.log"
         cmd = [sys.executable, "-m", "celery", "-A", "worker.main:app", "worker", "-n",
                f"slurm-{len(self.workers)}@%h", "-Q", CLUSTER, "--pool", "threads", "--concurrency", "4",
                "--prefetch-multiplier", "1", "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
         with log_path.open("ab") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env | (env_extra or {}), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         worker = WorkerProc(proc, log_path)
         self.workers.append(worker)
         worker.wait_ready()
@@ -241,3 +242,38 @@ def test_worker_killed_while_its_job_runs_a_new_worker_reattaches(service: Servi
     assert list(service.jobs()) == [job_id], "sbatch ran again for a run whose job was alive"
     assert _slurm_state(service, job_id) == "COMPLETED"
     assert len(service.api.get(f"/runs/{run_id}/steps").json()) == 150
+
+
+def test_worker_killed_between_sbatch_and_handle_json_reattaches_by_job_name(service: Service):
+    """The worker dies right after sbatch returned, before it wrote handle.json (an `sbatch` on its PATH that
+    runs the real one, then SIGKILLs its caller). The reaper finds the job by its name (scalebench-<run id>)
+    and requeues the run without spending an attempt; the next worker re-attaches to that job: one sbatch."""
+    real_sbatch = shutil.which("sbatch")
+    assert real_sbatch
+    bin_dir = service.tmp / "dying-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\nout=$({real_sbatch} "$@"); rc=$?\nkill -9 $PPID\n'
+                                    'echo "$out"\nexit $rc\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    first = service.start_worker(env_extra={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    (run_id,) = service.submit(steps=60)
+    assert first.proc.wait(60) == -signal.SIGKILL, first.log()[-3000:]
+    jobs = wait_until(service.jobs, 30, "the job submitted by the dying worker")
+    assert len(jobs) == 1, jobs
+    (job_id,) = jobs
+    run_dir = service.run_dir(run_id)
+    assert not (run_dir / "handle.json").exists() and (run_dir / "job.sbatch").exists()
+    run = service.run(run_id)
+    assert run["status"] == "running" and run["attempts"] == 1 and run["slurm_job_id"] is None, run
+
+    second = service.start_worker()
+    time.sleep(LEASE_S + 1)  # no heartbeat since the kill: the lease has run out
+    reaper_log = service.reap_once()
+    assert f"found Slurm job {job_id} by its name scalebench-{run_id}" in reaper_log, reaper_log
+    assert "requeued to re-attach" in reaper_log, reaper_log
+    wait_until(lambda: f"re-attached to Slurm job {job_id}" in second.log(), 30, "the new worker to re-attach")
+    run = service.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=180)
+    assert run["status"] == "succeeded", service.diagnostics(run_id)
+    assert run["slurm_job_id"] == job_id and run["attempts"] == 1
+    assert list(service.jobs()) == [job_id], "sbatch ran again for a run whose job was submitted"
+    assert len(service.api.get(f"/runs/{run_id}/steps").json()) == 60

@@ -138,3 +138,25 @@ def test_postgres_down_when_the_run_finishes_result_recorded_when_back(cell, api
             assert len(get_steps(s, run_id)) == 60
     finally:
         proxy.stop()
+
+
+def test_worker_sigterm_mid_run_requeues_the_run_at_once_and_the_next_worker_finishes_it(cell, api, start_worker):
+    """A stopping worker does not wait for its run: its processes end, the run is requeued with the attempt
+    given back (recorded at once, no lease to wait for), and the worker is gone within seconds."""
+    worker = start_worker()
+    _, (run_id,) = submit(api, cell, **(TINY | {"steps": 40, "gpu_counts": [1]}))
+    cell.wait_steps(run_id)
+    assert len(cell.run_pids(run_id)) == 2  # torchrun + its rank
+    t0 = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(10) == 0, worker.log()[-3000:]
+    stop_s = time.monotonic() - t0
+    assert stop_s < 5 and not cell.run_pids(run_id), (stop_s, cell.run_pids(run_id))
+    run = cell.run(run_id)
+    assert (run.status, run.attempts, run.dispatched_at, run.worker) == ("queued", 0, None, None)
+    assert run.error_message.startswith("requeued: its worker was stopped mid-run"), run.error_message
+    print(f"worker SIGTERM mid-run: exited in {stop_s:.2f} s")
+    start_worker()
+    run_reaper_once(cell)  # the scheduler's dispatcher publishes the requeued run
+    run = cell.wait_status(run_id, ("succeeded", "failed"), timeout_s=300)
+    assert run.status == "succeeded" and run.attempts == 1, run.error_message

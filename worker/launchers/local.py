@@ -114,31 +114,35 @@ class LocalLauncher:
         return LaunchOutcome(state="failed", error_kind="timeout", exit_code=None, log_tail=tail,
                              message=f"the run exceeded its wall-clock limit of {limit_s} s (timeout_s) and was ended")
 
-    def finish(self, handle: LaunchHandle, grace_s: float = 30.0) -> None:
+    def finish(self, handle: LaunchHandle, grace_s: float = 30.0, stop_waiting=None) -> None:
         """After a result was taken early: wait for torchrun's teardown (the node is not free before), then
-        end whatever is left."""
+        end whatever is left. stop_waiting (a callable, e.g. "the worker is stopping") cuts the wait short."""
         deadline = time.monotonic() + grace_s
-        while _status(handle)[0] and time.monotonic() < deadline:
+        while _status(handle)[0] and time.monotonic() < deadline and not (stop_waiting and stop_waiting()):
             time.sleep(0.1)
         if _status(handle)[0]:
-            log.warning("run %s: torchrun still alive %.0f s after its result: ending it", handle.run_id, grace_s)
-            self._terminate(handle)
+            log.warning("run %s: torchrun still alive %.0f s after its result: ending it", handle.run_id,
+                        grace_s - max(0.0, deadline - time.monotonic()))
+            self._terminate(handle, grace_s=1.0 if stop_waiting and stop_waiting() else None)
         _CHILDREN.pop(handle.pid or -1, None)
         self._sweep(handle)
 
     # ----------------------------------------------------------------------------------------- cancel
 
-    def cancel(self, handle: LaunchHandle) -> None:
-        log.info("run %s: cancelling (SIGTERM, SIGKILL after %.1f s)", handle.run_id, self.kill_grace_s)
-        self._terminate(handle)
+    def cancel(self, handle: LaunchHandle, grace_s: float | None = None) -> None:
+        """End the run's processes: SIGTERM, SIGKILL after grace_s (default kill_grace_s)."""
+        grace_s = self.kill_grace_s if grace_s is None else grace_s
+        log.info("run %s: cancelling (SIGTERM, SIGKILL after %.1f s)", handle.run_id, grace_s)
+        self._terminate(handle, grace_s)
 
-    def _terminate(self, handle: LaunchHandle) -> None:
+    def _terminate(self, handle: LaunchHandle, grace_s: float | None = None) -> None:
         pgid = handle.extra.get("pgid", handle.pid)
         if pgid is not None and not procs.is_alive(pgid, handle.extra.get("start_ticks")):
             pgid = None  # exited already (or the pid was reused): signal nothing by pid
         proc = _CHILDREN.get(handle.pid or -1)
         procs.terminate_run_processes(pgid, handle.extra.get("spec_arg", str(Path(handle.run_dir) / SPEC_FILE)),
-                                      grace_s=self.kill_grace_s, reap=proc.poll if proc else None)
+                                      grace_s=self.kill_grace_s if grace_s is None else grace_s,
+                                      reap=proc.poll if proc else None)
         _CHILDREN.pop(handle.pid or -1, None)
 
     def _sweep(self, handle: LaunchHandle) -> None:

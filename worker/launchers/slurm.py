@@ -382,6 +382,50 @@ class SlurmLauncher:
         handle.save()
         log.info("run %s: cancelled Slurm job %s", handle.run_id, handle.job_id)
 
+    def find_job(self, run_id: str, run_dir: str | Path, since_s: float,
+                 newer_than_job: str | None = None) -> LaunchHandle | None:
+        """A job submitted for this run (job name scalebench-<run_id>, working directory run_dir) at or after
+        since_s (unix s), newer than job `newer_than_job` (one whose outcome was taken), found by its name in
+        the controller (squeue) or in accounting (sacct); its handle (saved as handle.json), or None.
+        For a worker that died after sbatch returned and before handle.json was written: the next claim
+        re-attaches to the job instead of submitting a second one. Raises SlurmError when Slurm cannot be
+        asked (then nobody can tell)."""
+        name, run_dir = f"scalebench-{run_id}", str(Path(run_dir).resolve())
+        found = self._jobs_named(name)
+        ours = [(int(job_id), submit_s) for job_id, work_dir, submit_s in found
+                if work_dir == run_dir and submit_s >= math.floor(since_s)
+                and (newer_than_job is None or int(job_id) > int(newer_than_job))]
+        if not ours:
+            return None
+        job_id, submit_s = max(ours)  # the newest submission (the one the dead worker made)
+        handle = LaunchHandle(run_id=run_id, run_dir=run_dir, launcher=self.name, job_id=str(job_id),
+                              started_at=max(float(submit_s), since_s), deadline=None,
+                              extra={"cluster": self.cluster.name, "last_state": "PENDING", "found_by_name": name})
+        handle.save()
+        log.warning("run %s: found Slurm job %s by its name %s (no handle.json): re-attaching", run_id, job_id, name)
+        return handle
+
+    def _jobs_named(self, name: str) -> list[tuple[str, str, int]]:
+        """(job id, working directory, submit unix s) of jobs with this name, from squeue and sacct."""
+        sq = _run(["squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i|%Z|%V"], self.command_timeout_s)
+        if sq.returncode != 0:
+            raise SlurmError(f"squeue --name={name}: {sq.stderr.strip() or sq.stdout.strip()}")
+        rows = [line.split("|") for line in sq.stdout.splitlines()]
+        # Jobs that left the controller (MinJobAge) are in accounting, where slurmdbd runs; without it sacct fails.
+        sa = _run(["sacct", "-X", "-n", "-P", f"--name={name}", "-S", "now-7days", "-o", "JobID,WorkDir,Submit"],
+                  self.command_timeout_s)
+        if sa.returncode == 0:
+            rows += [line.split("|") for line in sa.stdout.splitlines()]
+        jobs = []
+        for row in rows:
+            if len(row) == 3 and row[0].strip().isdigit():
+                try:
+                    submit_s = int(time.mktime(time.strptime(row[2].strip(), "%Y-%m-%dT%H:%M:%S")))
+                except ValueError:
+                    continue
+                jobs.append((row[0].strip(), row[1].strip(), submit_s))
+        return jobs
+
     def attach(self, run_dir: str | Path) -> LaunchHandle | None:
         """The handle of a job submitted earlier (by this or a previous worker) for this run directory."""
         handle = LaunchHandle.load(run_dir)
