@@ -107,7 +107,7 @@ class Stack:
         return self.settings.data_dir / "token"
 
     def migrate(self) -> None:
-        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # holds the database and token
         proc = subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO_ROOT, env=self.env,
                               capture_output=True, text=True)
         if proc.returncode != 0:
