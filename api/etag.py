@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from db.analysis import fingerprints
 
 # Bump when a response's shape or its computation changes, so that clients holding old ETags refetch.
-ETAG_SALT = "scalebench-analysis-1"
+ETAG_SALT = "scalebench-analysis-2"  # 2: /losses states its downsampling
 NO_CACHE = {"Cache-Control": "no-cache"}  # browsers store but always revalidate
 # A fingerprint is reused for this long by every request of the process: a thousand dashboards polling one
 # experiment cost one query per second, not a thousand. The price: a change shows up to this much later

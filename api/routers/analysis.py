@@ -3,7 +3,9 @@
 Every endpoint answers If-None-Match with 304 from a one-query fingerprint, before loading any run.
 A full answer is kept in a small per-process LRU keyed by its ETag (which names the fingerprint, the path
 and the query), so a second dashboard asking for an unchanged report gets the stored bytes instead of a
-rebuild (the Amdahl/USL fits dominate a build: ~5 ms per series). SCALEBENCH_REPORT_CACHE=0 turns it off.
+rebuild. A rebuild reads one aggregated row per (series, N) from the database (db.analysis.
+load_scaling_points), not one per run, and refits only the series whose measured points changed (fits are
+cached per series by those points in core.scaling). SCALEBENCH_REPORT_CACHE=0 turns the answer cache off.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from api.deps import ReadAuth, SessionDep
 from api.plots import render_scaling_png
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.clusters import Cluster
-from core.scaling import ScalingReport, build_report, to_csv
+from core.scaling import ScalingReport, build_report_from_points, to_csv
 from db import analysis as aq
 from db.analysis import LossCurve
 from db.models import Experiment
@@ -92,10 +94,10 @@ def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[
 
 def _report(session: Session, experiment_id: int, clusters: dict[str, Cluster], baseline: int | None,
             full_size: int | None) -> ScalingReport:
-    points = aq.load_run_points(session, experiment_id)
+    points = aq.load_scaling_points(session, experiment_id)
     session.close()  # hand the connection back before the CPU-bound build (loaded rows stay usable)
-    sizes = _full_sizes(clusters, full_size, {p.cluster for p in points})
-    return build_report(points, baseline_num_devices=baseline, full_size_by_cluster=sizes)
+    sizes = _full_sizes(clusters, full_size, {p.key.cluster for p in points})
+    return build_report_from_points(points, baseline_num_devices=baseline, full_size_by_cluster=sizes)
 
 
 @router.get("/experiments/{experiment_id}/scaling", response_model=ScalingReport,
@@ -147,7 +149,10 @@ def get_scaling_png(
 class LossesRead(BaseModel):
     experiment_id: int
     max_points: int = Field(description="Each curve holds at most this many points (first and last kept).")
-    curves: list[LossCurve] = Field(description="One curve per succeeded run: steps and losses, thinned.")
+    downsampling: str = Field(aq.DOWNSAMPLING, description="How the curves were thinned.")
+    curves: list[LossCurve] = Field(description=(
+        "One curve per succeeded run: steps and losses, thinned; source 'store' (the curve stored when the run "
+        "was recorded, stored_stride > 1 when that was already thinned) or 'steps' (thinned from step rows)."))
 
 
 @router.get(
@@ -238,12 +243,13 @@ def get_compare(
         )
 
     def build() -> tuple[str, bytes]:
-        points = aq.load_run_points_many(session, ids)
+        points = aq.load_scaling_points_many(session, ids)
         session.close()  # hand the connection back before the CPU-bound builds
         out = []
         for i in ids:
-            sizes = _full_sizes(request.app.state.clusters, full_size, {p.cluster for p in points[i]})
-            report = build_report(points[i], baseline_num_devices=baseline_num_devices, full_size_by_cluster=sizes)
+            sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points[i]})
+            report = build_report_from_points(points[i], baseline_num_devices=baseline_num_devices,
+                                              full_size_by_cluster=sizes)
             out.append(
                 CompareExperiment(
                     id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source, report=report

@@ -1,0 +1,112 @@
+"""scaling reads: series key columns on runs, final_loss on run_summaries, run_loss_curves (backfilled)
+
+runs.model / num_layers / scaling are copied from the run spec JSON (so that the scaling series are
+grouped on plain columns), run_summaries.final_loss from the result JSON, and run_loss_curves holds each
+run's loss curve thinned to at most 2,000 points, built here from step_metrics for the runs recorded so far.
+
+Revision ID: 0007_scaling_reads
+Revises: 0003_run_logs
+Create Date: 2026-12-03 09:00:00
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from itertools import chain
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
+
+revision: str = '0007_scaling_reads'
+down_revision: str | Sequence[str] | None = '0003_run_logs'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+STORED_CURVE_POINTS = 2000  # = db.analysis.STORED_CURVE_POINTS when this revision was written
+_JSON = sa.JSON().with_variant(JSONB(), "postgresql")
+_runs = sa.table("runs", sa.column("id", sa.Integer), sa.column("spec", _JSON), sa.column("result", _JSON),
+                 sa.column("model", sa.String), sa.column("num_layers", sa.Integer), sa.column("scaling", sa.String))
+_summaries = sa.table("run_summaries", sa.column("run_id", sa.Integer), sa.column("final_loss", sa.Float))
+_steps = sa.table("step_metrics", sa.column("run_id", sa.Integer), sa.column("step", sa.Integer),
+                  sa.column("loss", sa.Float))
+_curves = sa.table("run_loss_curves", sa.column("run_id", sa.Integer), sa.column("num_steps", sa.Integer),
+                   sa.column("stride", sa.Integer), sa.column("steps_i64", sa.LargeBinary),
+                   sa.column("losses_f64", sa.LargeBinary))
+
+
+def _packed(typecode: str, values: list) -> bytes:
+    a = array(typecode, values)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _thinned_curves(conn: sa.Connection) -> Iterator[dict]:
+    """Every run's steps with a loss, streamed in (run, step) order and thinned as db.analysis.store_loss_curve does."""
+    rows = conn.execute(
+        sa.select(_steps.c.run_id, _steps.c.step, _steps.c.loss).where(_steps.c.loss.is_not(None))
+        .order_by(_steps.c.run_id, _steps.c.step).execution_options(yield_per=10_000))
+    run_id, steps, losses = None, [], []
+    for rid, step, loss in chain(rows, [(None, None, None)]):  # the sentinel ends the last run
+        if rid != run_id and run_id is not None:
+            n, m = len(steps), STORED_CURVE_POINTS
+            stride = 1 if n <= m else (n + m - 3) // (m - 1)
+            keep = [i for i in range(n) if i % stride == 0 or i == n - 1]
+            yield dict(run_id=run_id, num_steps=n, stride=stride, steps_i64=_packed("q", [steps[i] for i in keep]),
+                       losses_f64=_packed("d", [losses[i] for i in keep]))
+            steps, losses = [], []
+        run_id = rid
+        steps.append(step)
+        losses.append(loss)
+
+
+def upgrade() -> None:
+    op.create_table('run_loss_curves',
+    sa.Column('run_id', sa.Integer(), nullable=False),
+    sa.Column('num_steps', sa.Integer(), nullable=False),
+    sa.Column('stride', sa.Integer(), nullable=False),
+    sa.Column('steps_i64', sa.LargeBinary(), nullable=False),
+    sa.Column('losses_f64', sa.LargeBinary(), nullable=False),
+    sa.ForeignKeyConstraint(['run_id'], ['runs.id'], name=op.f('fk_run_loss_curves_run_id_runs'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('run_id', name=op.f('pk_run_loss_curves'))
+    )
+    with op.batch_alter_table('run_summaries') as batch_op:
+        batch_op.add_column(sa.Column('final_loss', sa.Double(), nullable=True))
+    with op.batch_alter_table('runs') as batch_op:
+        batch_op.add_column(sa.Column('model', sa.String(length=32), nullable=True))
+        batch_op.add_column(sa.Column('num_layers', sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column('scaling', sa.String(length=16), nullable=True))
+
+    conn = op.get_bind()
+    spec = _runs.c.spec
+    conn.execute(_runs.update().values(model=spec["model"].as_string(), num_layers=spec["num_layers"].as_integer(),
+                                       scaling=spec["scaling"].as_string()))
+    final_loss = (sa.select(_runs.c.result[("numerics", "final_loss")].as_float())
+                  .where(_runs.c.id == _summaries.c.run_id).scalar_subquery())
+    conn.execute(_summaries.update().values(final_loss=final_loss))
+    batch: list[dict] = []
+    for row in _thinned_curves(conn):
+        batch.append(row)
+        if len(batch) >= 500:
+            conn.execute(_curves.insert(), batch)
+            batch = []
+    if batch:
+        conn.execute(_curves.insert(), batch)
+
+    with op.batch_alter_table('runs') as batch_op:
+        batch_op.alter_column('model', existing_type=sa.String(length=32), nullable=False)
+        batch_op.alter_column('num_layers', existing_type=sa.Integer(), nullable=False)
+        batch_op.alter_column('scaling', existing_type=sa.String(length=16), nullable=False)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('runs') as batch_op:
+        batch_op.drop_column('scaling')
+        batch_op.drop_column('num_layers')
+        batch_op.drop_column('model')
+    with op.batch_alter_table('run_summaries') as batch_op:
+        batch_op.drop_column('final_loss')
+    op.drop_table('run_loss_curves')
