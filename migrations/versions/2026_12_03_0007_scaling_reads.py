@@ -73,12 +73,14 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['run_id'], ['runs.id'], name=op.f('fk_run_loss_curves_run_id_runs'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('run_id', name=op.f('pk_run_loss_curves'))
     )
-    with op.batch_alter_table('run_summaries') as batch_op:
-        batch_op.add_column(sa.Column('final_loss', sa.Double(), nullable=True))
-    with op.batch_alter_table('runs') as batch_op:
-        batch_op.add_column(sa.Column('model', sa.String(length=32), nullable=True))
-        batch_op.add_column(sa.Column('num_layers', sa.Integer(), nullable=True))
-        batch_op.add_column(sa.Column('scaling', sa.String(length=16), nullable=True))
+    # Plain ADD COLUMNs, no table copy: on SQLite a batch copy of `runs` drops the old table, and with
+    # foreign keys on that would cascade to every row referencing a run. NOT NULL needs a placeholder
+    # default while the rows are backfilled; PostgreSQL drops it after, SQLite keeps it (harmless: every
+    # insert sets the columns).
+    op.add_column('run_summaries', sa.Column('final_loss', sa.Double(), nullable=True))
+    op.add_column('runs', sa.Column('model', sa.String(length=32), nullable=False, server_default=''))
+    op.add_column('runs', sa.Column('num_layers', sa.Integer(), nullable=False, server_default='0'))
+    op.add_column('runs', sa.Column('scaling', sa.String(length=16), nullable=False, server_default=''))
 
     conn = op.get_bind()
     spec = _runs.c.spec
@@ -96,17 +98,13 @@ def upgrade() -> None:
     if batch:
         conn.execute(_curves.insert(), batch)
 
-    with op.batch_alter_table('runs') as batch_op:
-        batch_op.alter_column('model', existing_type=sa.String(length=32), nullable=False)
-        batch_op.alter_column('num_layers', existing_type=sa.Integer(), nullable=False)
-        batch_op.alter_column('scaling', existing_type=sa.String(length=16), nullable=False)
+    if conn.dialect.name != "sqlite":
+        for name in ("model", "num_layers", "scaling"):
+            op.alter_column('runs', name, server_default=None)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('runs') as batch_op:
-        batch_op.drop_column('scaling')
-        batch_op.drop_column('num_layers')
-        batch_op.drop_column('model')
-    with op.batch_alter_table('run_summaries') as batch_op:
-        batch_op.drop_column('final_loss')
+    for name in ("scaling", "num_layers", "model"):
+        op.drop_column('runs', name)  # SQLite >= 3.35 drops a column in place (no table copy)
+    op.drop_column('run_summaries', 'final_loss')
     op.drop_table('run_loss_curves')
