@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -69,79 +69,148 @@ def load_run_points(session: Session, experiment_id: int) -> list[RunPoint]:
 
 # ------------------------------------------------------------------------------------ scaling points
 
+_POINT = (Run.model, Run.num_layers, Run.precision, Run.layout, Run.scaling, Run.cluster, Run.num_devices)
 
-def _scaling_point_select() -> sa.Select:
-    """One row per (experiment, series, N): counts, run ids and the medians of core.scaling.PointRuns.
 
-    A median is the mean of the two middle values, percentile_disc(0.5) in ascending and in descending
-    order (the same value when the count is odd): exactly what statistics.median returns, so the numbers
-    equal those of core.scaling.aggregate_points bit for bit. CASE keeps only the succeeded runs with a
-    throughput (ordered-set aggregates skip NULLs, as the Python medians skip None)."""
-    ok = sa.and_(Run.status == "succeeded", RunSummary.tokens_per_sec.is_not(None))
+@dataclass(frozen=True, slots=True)
+class PointValues:
+    """The part of a point that comes from its succeeded runs' summaries: how many have a throughput, and
+    the min, max and medians of their values (core.scaling.PointRuns' fields of the same names)."""
 
-    def middle(col: sa.ColumnElement) -> tuple[sa.ColumnElement, sa.ColumnElement]:
-        value = sa.case((ok, col))
-        return (sa.func.percentile_disc(0.5).within_group(value.asc()),
-                sa.func.percentile_disc(0.5).within_group(value.desc()))
+    num_succeeded: int = 0
+    tokens_per_sec: float | None = None
+    tokens_per_sec_min: float | None = None
+    tokens_per_sec_max: float | None = None
+    step_ms_median: float | None = None
+    mfu_vs_bf16_peak: float | None = None
+    mfu_vs_precision_peak: float | None = None
+    peak_memory_allocated_gib: float | None = None
+    final_loss: float | None = None
 
-    # final_loss: the summary's copy; the result JSON only for summaries stored without it (imports)
-    final_loss = sa.func.coalesce(RunSummary.final_loss, Run.result[("numerics", "final_loss")].as_float())
-    tps = sa.case((ok, RunSummary.tokens_per_sec))
-    group = (Run.experiment_id, Run.model, Run.num_layers, Run.precision, Run.layout, Run.scaling, Run.cluster,
-             Run.num_devices)
+
+NO_VALUES = PointValues()
+
+
+def _point_index_select() -> sa.Select:
+    """One row per (experiment, series, N) from the runs alone: counts, ordered run ids, and the
+    fingerprint of the succeeded runs (count, sum of ids, latest finish). Served by an index-only scan
+    of ix_runs_scaling_points, already in group order: no sort, no heap, no JSON."""
+    succeeded = Run.status == "succeeded"
     return (
         sa.select(
-            *group,
-            sa.func.count(sa.case((ok, 1))), sa.func.count(sa.case((Run.status == "failed", 1))), sa.func.count(),
+            Run.experiment_id, *_POINT,
+            sa.func.count(sa.case((Run.status == "failed", 1))), sa.func.count(),
             sa.func.array_agg(aggregate_order_by(Run.id, Run.id)), sa.func.bool_or(Run.imported),
-            sa.func.min(tps), sa.func.max(tps), *middle(RunSummary.tokens_per_sec),
-            *middle(RunSummary.step_ms_median), *middle(RunSummary.mfu_vs_bf16_peak),
-            *middle(RunSummary.mfu_vs_precision_peak), *middle(RunSummary.peak_memory_allocated_gib),
-            *middle(final_loss),
+            sa.func.count(sa.case((succeeded, 1))), sa.func.sum(sa.case((succeeded, Run.id))),
+            sa.func.max(sa.case((succeeded, Run.finished_at))),
         )
-        .outerjoin(RunSummary, RunSummary.run_id == Run.id)
         .where(Run.experiment_id.in_(sa.bindparam("experiment_ids", expanding=True)),
                Run.status.not_in(EXCLUDED_FROM_CURVES))
-        .group_by(*group)
+        .group_by(Run.experiment_id, *_POINT)
         .order_by(Run.experiment_id, sa.func.min(Run.id))  # series in order of their first run
     )
 
 
-_SCALING_POINTS = _scaling_point_select()
+def _point_values_select() -> sa.Select:
+    """PointValues per (series, N) of one experiment, over its succeeded runs with a throughput.
+
+    A median is the mean of the two middle values, percentile_disc(0.5) in ascending and in descending
+    order (the same value when the count is odd): exactly what statistics.median returns, so the numbers
+    equal those of core.scaling.aggregate_points bit for bit (ordered-set aggregates skip NULLs, as the
+    Python medians skip None)."""
+
+    def middle(col: sa.ColumnElement) -> tuple[sa.ColumnElement, sa.ColumnElement]:
+        return (sa.func.percentile_disc(0.5).within_group(col.asc()),
+                sa.func.percentile_disc(0.5).within_group(col.desc()))
+
+    # final_loss: the summary's copy; the result JSON only for summaries stored without it (imports)
+    final_loss = sa.func.coalesce(RunSummary.final_loss, Run.result[("numerics", "final_loss")].as_float())
+    tps = RunSummary.tokens_per_sec
+    return (
+        sa.select(
+            *_POINT, sa.func.count(), sa.func.min(tps), sa.func.max(tps), *middle(tps),
+            *middle(RunSummary.step_ms_median), *middle(RunSummary.mfu_vs_bf16_peak),
+            *middle(RunSummary.mfu_vs_precision_peak), *middle(RunSummary.peak_memory_allocated_gib),
+            *middle(final_loss),
+        )
+        .join(RunSummary, RunSummary.run_id == Run.id)
+        .where(Run.experiment_id == sa.bindparam("experiment_id"), Run.status == "succeeded", tps.is_not(None))
+        .group_by(*_POINT)
+    )
+
+
+_POINT_INDEX = _point_index_select()
+_POINT_VALUES = _point_values_select()
 
 
 def _mean(lo: float | None, hi: float | None) -> float | None:
     return None if lo is None else (lo + hi) / 2
 
 
-def load_scaling_points_many(session: Session, experiment_ids: Sequence[int]) -> dict[int, list[PointRuns]]:
-    """The PointRuns of several experiments (core.scaling.build_report_from_points' input), keyed by id.
-
-    PostgreSQL aggregates in one GROUP BY: the rows read are the runs' series columns and summaries, the
-    rows returned one per point. Other databases (SQLite, the embedded default) aggregate the per-run rows
-    in Python, which gives the same records."""
-    if session.get_bind().dialect.name != "postgresql":
-        return {i: aggregate_points(rs) for i, rs in load_run_points_many(session, experiment_ids).items()}
-    out: dict[int, list[PointRuns]] = {i: [] for i in experiment_ids}
-    keys: dict[tuple, SeriesKey] = {}
-    for row in session.execute(_SCALING_POINTS, {"experiment_ids": list(experiment_ids)}):
-        (exp_id, model, num_layers, precision, layout, scaling, cluster, n, num_ok, num_failed, num_runs, run_ids,
-         imported, x_min, x_max, *middles) = row
-        raw = (model, num_layers, precision, layout, scaling, cluster)
-        key = keys.get(raw) or keys.setdefault(raw, SeriesKey(
-            model=model, num_layers=num_layers, precision=precision, layout=layout, scaling=scaling, cluster=cluster))
+def _point_values(session: Session, experiment_id: int, points: list[tuple] | None) -> dict[tuple, PointValues]:
+    """PointValues of these points ((model, layers, precision, layout, scaling, cluster, N) tuples) of one
+    experiment; None: of all its points."""
+    stmt = _POINT_VALUES if points is None else _POINT_VALUES.where(sa.tuple_(*_POINT).in_(points))
+    out = {}
+    for row in session.execute(stmt, {"experiment_id": experiment_id}):
+        num_ok, x_min, x_max, *middles = row[len(_POINT):]
         x, step_ms, mfu_bf16, mfu_own, mem_gib, final_loss = (_mean(*middles[i:i + 2]) for i in range(0, 12, 2))
-        out[exp_id].append(PointRuns(
-            key=key, num_devices=n, num_succeeded=num_ok, num_failed=num_failed,
-            num_pending=num_runs - num_ok - num_failed, run_ids=tuple(map(str, run_ids)), imported=imported,
-            tokens_per_sec=x, tokens_per_sec_min=x_min, tokens_per_sec_max=x_max, step_ms_median=step_ms,
-            mfu_vs_bf16_peak=mfu_bf16, mfu_vs_precision_peak=mfu_own, peak_memory_allocated_gib=mem_gib,
-            final_loss=final_loss))
+        out[tuple(row[:len(_POINT)])] = PointValues(
+            num_succeeded=num_ok, tokens_per_sec=x, tokens_per_sec_min=x_min, tokens_per_sec_max=x_max,
+            step_ms_median=step_ms, mfu_vs_bf16_peak=mfu_bf16, mfu_vs_precision_peak=mfu_own,
+            peak_memory_allocated_gib=mem_gib, final_loss=final_loss)
     return out
 
 
-def load_scaling_points(session: Session, experiment_id: int) -> list[PointRuns]:
-    return load_scaling_points_many(session, [experiment_id])[experiment_id]
+def load_scaling_points_many(session: Session, experiment_ids: Sequence[int],
+                             known: MutableMapping[tuple, PointValues] | None = None) -> dict[int, list[PointRuns]]:
+    """The PointRuns of several experiments (core.scaling.build_report_from_points' input), keyed by id.
+
+    PostgreSQL: one index-only GROUP BY gives every point's counts, run ids and the fingerprint of its
+    succeeded runs; the summary values (medians) are aggregated by the database only for points whose
+    fingerprint is not in `known` (a cache the caller keeps; filled here). A succeeded run is terminal and
+    its summary written once with it, so a point's values change only when its succeeded runs do: after
+    one run finished, one point is re-aggregated. Other databases (SQLite, the embedded default) aggregate
+    the per-run rows in Python, which gives the same records."""
+    if session.get_bind().dialect.name != "postgresql":
+        return {i: aggregate_points(rs) for i, rs in load_run_points_many(session, experiment_ids).items()}
+    known = {} if known is None else known
+    index = session.execute(_POINT_INDEX, {"experiment_ids": list(experiment_ids)}).all()
+    # (experiment, point, succeeded count, sum of their ids, latest finish); None: no succeeded run
+    fps = [(row[0], *row[1:8], *row[-3:]) if row[-3] else None for row in index]
+    wanted: dict[int, dict[tuple, tuple]] = {}  # experiment -> point -> its fingerprint
+    for row, fp in zip(index, fps):
+        if fp is not None and fp not in known:
+            wanted.setdefault(row[0], {})[tuple(row[1:8])] = fp
+    for exp_id, points in wanted.items():
+        num_points = sum(row[0] == exp_id for row in index)
+        found = _point_values(session, exp_id, None if len(points) > num_points // 2 else list(points))
+        for point, fp in points.items():
+            known[fp] = found.get(point, NO_VALUES)
+    out: dict[int, list[PointRuns]] = {i: [] for i in experiment_ids}
+    keys: dict[tuple, SeriesKey] = {}
+    for row, fp in zip(index, fps):
+        out[row[0]].append(_point_runs(row, known.get(fp, NO_VALUES) if fp is not None else NO_VALUES, keys))
+    return out
+
+
+def _point_runs(row: sa.Row, v: PointValues, keys: dict[tuple, SeriesKey]) -> PointRuns:
+    _, model, num_layers, precision, layout, scaling, cluster, n, num_failed, num_runs, run_ids, imported = row[:12]
+    raw = (model, num_layers, precision, layout, scaling, cluster)
+    key = keys.get(raw) or keys.setdefault(raw, SeriesKey(
+        model=model, num_layers=num_layers, precision=precision, layout=layout, scaling=scaling, cluster=cluster))
+    return PointRuns(
+        key=key, num_devices=n, num_succeeded=v.num_succeeded, num_failed=num_failed,
+        num_pending=num_runs - v.num_succeeded - num_failed, run_ids=tuple(map(str, run_ids)), imported=imported,
+        tokens_per_sec=v.tokens_per_sec, tokens_per_sec_min=v.tokens_per_sec_min,
+        tokens_per_sec_max=v.tokens_per_sec_max, step_ms_median=v.step_ms_median,
+        mfu_vs_bf16_peak=v.mfu_vs_bf16_peak, mfu_vs_precision_peak=v.mfu_vs_precision_peak,
+        peak_memory_allocated_gib=v.peak_memory_allocated_gib, final_loss=v.final_loss)
+
+
+def load_scaling_points(session: Session, experiment_id: int,
+                        known: MutableMapping[tuple, PointValues] | None = None) -> list[PointRuns]:
+    return load_scaling_points_many(session, [experiment_id], known)[experiment_id]
 
 
 # ------------------------------------------------------------------------------------------ fingerprint
@@ -243,18 +312,20 @@ def _unpacked(typecode: str, raw: bytes) -> list:
     return a.tolist()
 
 
-def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, float]]) -> None:
-    """Store a run's (step, loss) points (any order; None losses already left out), thinned to at most
-    STORED_CURVE_POINTS; replaces the run's stored curve. Nothing is stored for a run without losses."""
-    session.execute(sa.delete(RunLossCurve).where(RunLossCurve.run_id == run_id))
-    if not points:
-        return
+def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict:
+    """The run_loss_curves row of a run's (step, loss) points (any order, at least one; None losses left
+    out): thinned to at most STORED_CURVE_POINTS, arrays packed."""
     ordered = sorted(points)
-    stride = _stride(len(ordered), STORED_CURVE_POINTS)
     kept = _thin(ordered, STORED_CURVE_POINTS)
-    session.execute(sa.insert(RunLossCurve).values(
-        run_id=run_id, num_steps=len(ordered), stride=stride, steps_i64=_packed("q", [s for s, _ in kept]),
-        losses_f64=_packed("d", [v for _, v in kept])))
+    return dict(run_id=run_id, num_steps=len(ordered), stride=_stride(len(ordered), STORED_CURVE_POINTS),
+                steps_i64=_packed("q", [s for s, _ in kept]), losses_f64=_packed("d", [v for _, v in kept]))
+
+
+def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, float]]) -> None:
+    """Store (replace) a run's loss curve; nothing is stored for a run without losses."""
+    session.execute(sa.delete(RunLossCurve).where(RunLossCurve.run_id == run_id))
+    if points:
+        session.execute(sa.insert(RunLossCurve).values(**loss_curve_row(run_id, points)))
 
 
 def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row]:

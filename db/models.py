@@ -55,6 +55,9 @@ class Run(Base):
         enum_check("status", RUN_STATUSES),
         sa.Index("ix_runs_experiment_id_status", "experiment_id", "status"),
         sa.Index("ix_runs_status_dispatched_at", "status", "dispatched_at"),
+        # the scaling points of an experiment in group order, read by an index-only scan (db.analysis)
+        sa.Index("ix_runs_scaling_points", "experiment_id", "model", "num_layers", "precision", "layout", "scaling",
+                 "cluster", "num_devices", "id", postgresql_include=["status", "imported", "finished_at"]),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

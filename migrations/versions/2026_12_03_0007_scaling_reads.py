@@ -1,4 +1,4 @@
-"""scaling reads: series key columns on runs, final_loss on run_summaries, run_loss_curves (backfilled)
+"""scaling reads: series key columns on runs (indexed), final_loss on run_summaries, run_loss_curves (backfilled)
 
 runs.model / num_layers / scaling are copied from the run spec JSON (so that the scaling series are
 grouped on plain columns), run_summaries.final_loss from the result JSON, and run_loss_curves holds each
@@ -101,9 +101,12 @@ def upgrade() -> None:
     if conn.dialect.name != "sqlite":
         for name in ("model", "num_layers", "scaling"):
             op.alter_column('runs', name, server_default=None)
+    op.create_index('ix_runs_scaling_points', 'runs', ['experiment_id', 'model', 'num_layers', 'precision', 'layout',
+                    'scaling', 'cluster', 'num_devices', 'id'], postgresql_include=['status', 'imported', 'finished_at'])
 
 
 def downgrade() -> None:
+    op.drop_index('ix_runs_scaling_points', table_name='runs')
     for name in ("scaling", "num_layers", "model"):
         op.drop_column('runs', name)  # SQLite >= 3.35 drops a column in place (no table copy)
     op.drop_column('run_summaries', 'final_loss')

@@ -69,7 +69,9 @@ def _both(session, experiment_ids: list[int], **kw) -> tuple[list[str], list[str
     and of the aggregated path, as JSON, fits computed afresh for each."""
     old, new = [], []
     per_run = aq.load_run_points_many(session, experiment_ids)
-    aggregated = aq.load_scaling_points_many(session, experiment_ids)
+    known: dict = {}
+    aggregated = aq.load_scaling_points_many(session, experiment_ids, known)
+    assert aq.load_scaling_points_many(session, experiment_ids, known) == aggregated  # from the kept values
     for i in experiment_ids:
         core.scaling._amdahl_params.cache_clear()
         core.scaling._usl_params.cache_clear()
@@ -100,18 +102,43 @@ def test_aggregated_points_give_the_per_run_report_point_for_point(factory, seed
     assert any(len(v) % 2 == 0 for v in xs.values()) and any(len(v) % 2 for v in xs.values())  # both median kinds
 
 
-def test_aggregation_runs_in_the_database_on_postgresql(pg_session_factory, pg_engine) -> None:
-    exp_id, _ = _seed(pg_session_factory)
+def _statements(engine: sa.Engine, fn) -> tuple[object, list[str]]:
+    """fn()'s value and the SQL statements it ran."""
     statements: list[str] = []
     listener = lambda *a: statements.append(a[2])  # noqa: E731
-    sa.event.listen(pg_engine, "before_cursor_execute", listener)
+    sa.event.listen(engine, "before_cursor_execute", listener)
     try:
-        with pg_session_factory() as s:
-            aq.load_scaling_points(s, exp_id)
+        return fn(), statements
     finally:
-        sa.event.remove(pg_engine, "before_cursor_execute", listener)
-    assert len(statements) == 1 and "percentile_disc" in statements[0] and "GROUP BY" in statements[0]
-    assert "step_metrics" not in statements[0] and "spec" not in statements[0]
+        sa.event.remove(engine, "before_cursor_execute", listener)
+
+
+def test_points_are_aggregated_by_the_database_once_per_change(pg_session_factory, pg_engine) -> None:
+    """An index-only GROUP BY for every read; the summary medians only for points whose succeeded runs
+    changed since the values were kept: none when nothing changed, the one point of a finished run."""
+    exp_id, _ = _seed(pg_session_factory)
+    known: dict = {}
+
+    def read() -> list:
+        with pg_session_factory() as s:
+            return aq.load_scaling_points(s, exp_id, known)
+
+    first, sql = _statements(pg_engine, read)
+    assert len(sql) == 2 and "percentile_disc" in sql[1] and ") IN (" not in sql[1]
+    assert "GROUP BY" in sql[0] and all("step_metrics" not in q and "spec" not in q for q in sql)
+    again, sql = _statements(pg_engine, read)
+    assert len(sql) == 1 and again == first and len(known) == sum(p.num_succeeded > 0 for p in first)
+    with session_scope(pg_session_factory) as s:  # one more run of one point ends
+        run_id, key, n, status = s.execute(sa.select(Run.id, Run.run_key, Run.num_devices, Run.status).where(
+            Run.experiment_id == exp_id, Run.status.in_(["queued", "running"])).order_by(Run.id)).first()
+        if status == "queued":
+            claim_run(s, run_id, "w", "h", 60)
+        record_result(s, run_id, _result(key, random.Random(9), n))
+    changed, sql = _statements(pg_engine, read)
+    assert len(sql) == 2 and "percentile_disc" in sql[1] and ") IN (" in sql[1]  # that one point only
+    with pg_session_factory() as s:
+        assert changed == aq.load_scaling_points(s, exp_id) != first  # as aggregated from scratch
+    assert sum(a != b for a, b in zip(changed, first)) == 1
 
 
 def test_imported_runs_read_final_loss_from_their_result(factory) -> None:
