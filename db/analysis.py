@@ -2,8 +2,10 @@
 
 Each function is a bounded number of queries whatever the experiment's size (no N+1), and none reads
 step_metrics for a run recorded since loss curves are stored (record_result stores them):
-  load_scaling_points  1 query  (GROUP BY series and N on PostgreSQL: one row per point, not per run)
-  load_run_points      1 query  (one RunPoint per run; the per-run reading, kept for SQLite and imports)
+  load_scaling_points  1 query  (PostgreSQL: an index-only GROUP BY, one row per (series, N), not per run),
+                       + 1 when points changed (their summary medians, aggregated in the database)
+  load_run_points      1 query  (one RunPoint per run, series key from the spec JSON: the per-run reading,
+                       what SQLite uses and what the aggregated reading is tested against)
   fingerprints         1 query  (per-status counts and max timestamps; no step_metrics scan)
   loss_curves          2 queries (one run per curve, then its stored curve), + 1 for runs stored before
                        curves were (their steps thinned in SQL)
