@@ -53,7 +53,10 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         enum_check("status", RUN_STATUSES),
-        sa.Index("ix_runs_experiment_id_status", "experiment_id", "status"),
+        # INCLUDE: the change fingerprint of an experiment (db.analysis.fingerprints) by an index-only scan
+        sa.Index("ix_runs_experiment_id_status", "experiment_id", "status",
+                 postgresql_include=["id", "attempts", "cancel_requested", "dispatched_at", "slurm_job_id",
+                                     "started_at", "finished_at"]),
         sa.Index("ix_runs_status_dispatched_at", "status", "dispatched_at"),
         # the scaling points of an experiment in group order, read by an index-only scan (db.analysis)
         sa.Index("ix_runs_scaling_points", "experiment_id", "model", "num_layers", "precision", "layout", "scaling",

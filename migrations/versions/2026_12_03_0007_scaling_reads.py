@@ -1,8 +1,9 @@
-"""scaling reads: series key columns on runs (indexed), final_loss on run_summaries, run_loss_curves (backfilled)
+"""scaling reads: series columns and indexes on runs, run_summaries.final_loss, run_loss_curves (backfilled)
 
 runs.model / num_layers / scaling are copied from the run spec JSON (so that the scaling series are
 grouped on plain columns), run_summaries.final_loss from the result JSON, and run_loss_curves holds each
-run's loss curve thinned to at most 2,000 points, built here from step_metrics for the runs recorded so far.
+run's loss curve thinned to at most 2,000 points, built here from step_metrics for the runs recorded so far. ix_runs_scaling_points serves the scaling
+points by an index-only scan; ix_runs_experiment_id_status now covers the change fingerprint (INCLUDE).
 
 Revision ID: 0007_scaling_reads
 Revises: 0003_run_logs
@@ -101,12 +102,17 @@ def upgrade() -> None:
     if conn.dialect.name != "sqlite":
         for name in ("model", "num_layers", "scaling"):
             op.alter_column('runs', name, server_default=None)
+    op.drop_index('ix_runs_experiment_id_status', table_name='runs')
+    op.create_index('ix_runs_experiment_id_status', 'runs', ['experiment_id', 'status'], postgresql_include=[
+        'id', 'attempts', 'cancel_requested', 'dispatched_at', 'slurm_job_id', 'started_at', 'finished_at'])
     op.create_index('ix_runs_scaling_points', 'runs', ['experiment_id', 'model', 'num_layers', 'precision', 'layout',
                     'scaling', 'cluster', 'num_devices', 'id'], postgresql_include=['status', 'imported', 'finished_at'])
 
 
 def downgrade() -> None:
     op.drop_index('ix_runs_scaling_points', table_name='runs')
+    op.drop_index('ix_runs_experiment_id_status', table_name='runs')
+    op.create_index('ix_runs_experiment_id_status', 'runs', ['experiment_id', 'status'])
     for name in ("scaling", "num_layers", "model"):
         op.drop_column('runs', name)  # SQLite >= 3.35 drops a column in place (no table copy)
     op.drop_column('run_summaries', 'final_loss')

@@ -320,3 +320,37 @@ def test_losses_state_their_downsampling(client, pg_session_factory) -> None:
     assert "k = ceil((n - 1) / (max_points - 1))" in body["downsampling"]
     assert [(c["source"], c["stored_stride"], c["num_steps"]) for c in body["curves"]] == [("store", 2, 2500)] * 3
     assert all(len(c["steps"]) <= 100 and c["steps"][0] == 0 and c["steps"][-1] == 2499 for c in body["curves"])
+
+
+def test_an_expired_fingerprint_is_refreshed_by_one_request_at_a_time(monkeypatch) -> None:
+    """While one request refreshes an expired fingerprint, the others answer from the expired one instead
+    of running the same query (no stampede of pollers when it expires)."""
+    import threading
+
+    from api import etag
+
+    calls: list[list[int]] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_fingerprints(session, ids):
+        calls.append(list(ids))
+        entered.set()
+        assert release.wait(10)
+        return {i: f"v{len(calls)}" for i in ids}
+
+    monkeypatch.setattr(etag, "fingerprints", slow_fingerprints)
+    cache = etag.FingerprintCache(ttl_s=0.05)
+    release.set()
+    assert cache.get(None, [1]) == {1: "v1"}
+    release.clear()
+    entered.clear()
+    time.sleep(0.06)  # expired
+    out: list[dict] = []
+    refresher = threading.Thread(target=lambda: out.append(cache.get(None, [1])))
+    refresher.start()
+    assert entered.wait(10)
+    assert cache.get(None, [1]) == {1: "v1"}  # the expired value, served while the other thread refreshes
+    assert calls == [[1], [1]]
+    release.set()
+    refresher.join(10)
+    assert out == [{1: "v2"}] and cache.get(None, [1]) == {1: "v2"} and len(calls) == 2
