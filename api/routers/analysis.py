@@ -4,8 +4,10 @@ Every endpoint answers If-None-Match with 304 from a one-query fingerprint, befo
 A full answer is kept in a small per-process LRU keyed by its ETag (which names the fingerprint, the path
 and the query), so a second dashboard asking for an unchanged report gets the stored bytes instead of a
 rebuild. A rebuild reads one aggregated row per (series, N) from the database (db.analysis.
-load_scaling_points), not one per run, and refits only the series whose measured points changed (fits are
-cached per series by those points in core.scaling). SCALEBENCH_REPORT_CACHE=0 turns the answer cache off.
+load_scaling_points), not one per run; the summary medians are aggregated again only for points whose
+succeeded runs changed (kept per process, keyed by each point's fingerprint), and only series whose
+measured points changed are refitted (core.scaling keeps fits keyed by those points). So one finished run
+costs one point's aggregation and one series' fits. SCALEBENCH_REPORT_CACHE=0 turns the answer cache off.
 """
 
 from __future__ import annotations
