@@ -13,10 +13,13 @@ interleaved (the order flips every iteration, so drift of the shared machine hit
   answer cache). Client-side parsing (pandas / JSON) is inside the timed span on both sides.
 - 20 loss curves (the 20 runs at N=8): MLflow 20 x get-history, and the bulk-interval endpoint;
   scalebench GET /experiments/{id}/losses?num_devices=8, cold (another max_points each time) and warm.
-- 20 concurrent clients (threads) for --duration-s, twice each in the order MLflow, scalebench cold,
-  scalebench warm: loads or requests per second.
+- 20 concurrent clients (threads) for --duration-s, --rounds times each in the order MLflow, scalebench
+  cold, scalebench warm: loads or requests per second (a phase ends when its last request in flight
+  does: an MLflow load under 20 clients takes ~100 s here, so each MLflow round takes that long).
 
-    python bench/peer_mlflow.py [--iterations 10] [--duration-s 10] [--mlflow-version 3.17.2]
+    python bench/peer_mlflow.py [--iterations 10] [--duration-s 10] [--rounds 1] [--mlflow-version 3.17.2]
+
+About 7-8 minutes on the 2-core machine with --rounds 1 (2 rounds: ~10 minutes).
 
 It creates (drops first) the databases scalebench_bench_peer and scalebench_peer_mlflow.
 """
@@ -209,7 +212,7 @@ def drive(args: argparse.Namespace) -> None:
                                    "sb_cold": d.sb_losses_cold, "sb_warm": d.sb_losses_warm}, args.iterations)
     print(f"curves: {json.dumps(out['curves'])}", file=sys.stderr, flush=True)
     rounds: dict[str, list[dict]] = {"mlflow": [], "sb_cold": [], "sb_warm": []}
-    for _ in range(2):
+    for _ in range(args.rounds):
         for name, fn in (("mlflow", d.mlflow_table), ("sb_cold", d.sb_cold), ("sb_warm", d.sb_warm)):
             rounds[name].append(d.concurrent(fn, args.duration_s))
             print(f"x{NUM_CLIENTS} {name}: {json.dumps(rounds[name][-1])}", file=sys.stderr, flush=True)
@@ -333,6 +336,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=10, help="A/B iterations of the single-client phases")
     parser.add_argument("--duration-s", type=float, default=10.0, help="each concurrent phase (run twice)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the concurrent phases")
     parser.add_argument("--workers", type=int, default=2, help="server worker processes of each service")
     parser.add_argument("--mlflow-version", default="3.17.2")
     parser.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)  # the MLflow-venv side
@@ -368,7 +372,7 @@ def main() -> None:
             [str(python), __file__, "--driver", "--data", str(work / "runs.json"),
              "--mlflow-url", f"http://127.0.0.1:{ml_port}", "--mlflow-db", MLFLOW_DB_URI,
              "--scalebench-url", f"http://127.0.0.1:{sb_port}", "--experiment-id", str(exp_id),
-             "--iterations", str(args.iterations), "--duration-s", str(args.duration_s)],
+             "--iterations", str(args.iterations), "--duration-s", str(args.duration_s), "--rounds", str(args.rounds)],
             stdout=subprocess.PIPE, text=True, check=True)
     finally:
         for proc in servers:
