@@ -16,6 +16,9 @@ import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN = "postgresql+psycopg://root@127.0.0.1:5432/postgres"
+# uvicorn's supervisor restarts a worker that does not answer its ping within 5 s (the default); on this
+# shared 2-core machine a busy worker can miss that, and a restart breaks the connections it held.
+HEALTHCHECK = ["--timeout-worker-healthcheck", "60"]
 
 
 def fresh_database(name: str) -> str:
@@ -48,7 +51,7 @@ def start_uvicorn(url: str, broker_url: str, clusters_file: str, port: int, work
                         "SCALEBENCH_CLUSTERS_FILE": clusters_file, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
            "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log",
-           "--backlog", "2048"]
+           "--backlog", "2048", *HEALTHCHECK]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -1,23 +1,29 @@
 """Scaling-analysis load benchmark (a script, not a test): uvicorn + PostgreSQL on this machine.
 
-Seeds one experiment of 2,000 runs (4 precisions x 5 layouts x 10 GPU counts x 10 repeats, ~1% failed)
-with their summaries and 200,000 step records (100 per run; COPY), then measures:
+Seeds one experiment of --runs runs (2,000: 4 precisions x 5 layouts x 10 GPU counts x 10 repeats; 20,000:
+the same matrix with 100 repeats, a history of re-runs; ~1% failed) with their summaries, stored loss
+curves and 100 step records per run (200,000 or 2,000,000; COPY). The last --record runs are left
+running. Then it measures:
 
 1. GET /experiments/{id}/scaling, one request at a time: p50/p99, cold (each request names another
-   full_size, so every answer is rebuilt: load + report + fits + JSON) and warm (the per-process answer
-   cache keyed by ETag).
+   full_size, so no answer comes from the answer cache: load + report + JSON; the fits of unchanged
+   series come from the per-series fit cache) and warm (the per-process answer cache keyed by ETag).
 2. The same at concurrency 100, cold and warm (req/s when every dashboard asks at once).
 3. ETag polling at concurrency 100: GET /experiments/{id}/scaling with If-None-Match (all 304): req/s, p50/p99.
 4. The same for GET /experiments/{id} (what the dashboard polls first), and GET /healthz (the floor).
 5. Phases 3-4 again with a minimal asyncio HTTP/1.1 client (httpx costs ~2.5 ms CPU per request, more
    than the server's ~1 ms for a 304, and it shares the same two cores).
+6. The --record running runs finished one by one with db.runs.record_result (100 steps each; the timed
+   span includes the commit), each followed by a cold GET /scaling: the rebuild after a run finished,
+   which refits the one series whose X(N) moved.
 Every phase also prints CPU ms per request of uvicorn, its PostgreSQL backends and the client (the
 machine is shared: CPU per request is the load-independent number).
-Targets: scaling p50 < 100 ms; 304 polls >= 500 req/s on this 2-core machine (client on the same cores).
+Targets: 2,000 runs: cold p50 <= 50 ms; 20,000 runs: cold p50 <= 200 ms, warm p50 <= 20 ms, 304 polls
+>= 1,000 req/s (raw client), record_result p50 < 50 ms.
 
-    .venv/bin/python bench/scaling_load.py [--workers 2] [--duration-s 10] [--sequential 60]
+    python bench/scaling_load.py [--runs 2000|20000] [--workers 2] [--duration-s 10] [--sequential 60]
 
-It creates (drops first) the database scalebench_bench2.
+It creates (drops first) the database scalebench_bench_scaling.
 """
 
 from __future__ import annotations
@@ -44,13 +50,15 @@ sys.path.insert(0, str(REPO))
 from bench.common import free_port, fresh_database, start_uvicorn, versions  # noqa: E402
 from core.clusters import Cluster  # noqa: E402
 from core.matrix import expand  # noqa: E402
-from core.specs import ExperimentSpec  # noqa: E402
+from core.specs import ExperimentSpec, RunResult, RunSpec  # noqa: E402
+from db.analysis import loss_curve_row  # noqa: E402
 from db.experiments import create_experiment  # noqa: E402
-from db.models import Run, RunSummary  # noqa: E402
+from db.models import Run, RunLossCurve, RunSummary  # noqa: E402
+from db.runs import claim_run, record_result  # noqa: E402
 from db.session import make_engine, make_session_factory, session_scope  # noqa: E402
 
 log = logging.getLogger("scaling_load")
-BENCH_DB = "scalebench_bench2"
+BENCH_DB = "scalebench_bench_scaling"
 REDIS_URL = "redis://127.0.0.1:6379/12"  # the app's Celery client connects lazily; nothing is published
 CLUSTER = Cluster(name="h200-big", vendor="nvidia", device_name="NVIDIA H200", gpus_per_node=8, max_nodes=512,
                   launcher="slurm", queue="h200-big")
@@ -72,22 +80,51 @@ STEPS_PER_RUN = 100
 SPEEDUP = {"bf16": 1.0, "fp8-tensorwise": 1.16, "fp8-rowwise": 1.03, "fp8-rowwise-gw-hp": 1.10}
 
 
-def seed(url: str) -> int:
-    """The experiment, its 2,000 runs ended (summaries, result JSON) and 200,000 step records; its id."""
+def _runs(num_runs: int) -> list[RunSpec]:
+    """The matrix (200 points) with num_runs / 200 repeats: spec repeats up to 20, then the matrix again
+    with the next repeat numbers (an experiment whose history of re-runs accumulates)."""
+    assert num_runs % 200 == 0, "--runs: a multiple of 200 (the matrix has 200 points)"
+    repeats = num_runs // 200
+    base, _ = expand(SPEC.model_copy(update={"repeats": min(repeats, 20)}), CLUSTER)
+    block = min(repeats, 20)
+    runs = [r.model_copy(update={"repeat": r.repeat + block * k}) for k in range(repeats // block) for r in base]
+    assert len(runs) == num_runs and repeats % block == 0, (len(runs), num_runs)
+    return runs
+
+
+def _values(rng: random.Random, r: RunSpec) -> tuple[float, float, float]:
+    """(tokens/s per device, global tokens/s, final loss) of one seeded run."""
+    per_device = 17_600 * SPEEDUP[r.precision] * (0.97 ** (r.num_devices.bit_length() - 4)) * rng.uniform(0.98, 1.02)
+    return per_device, per_device * r.num_devices, 3.0 + rng.uniform(-0.02, 0.02)
+
+
+def _losses(final: float) -> list[float]:
+    return [10.0 * (0.97**step) + final for step in range(STEPS_PER_RUN)]
+
+
+def _summary(r: RunSpec, per_device: float, tps: float) -> dict:
+    step_ms = r.tokens_per_step / tps * 1000
+    return dict(num_timed_steps=95, tokens_per_step=r.tokens_per_step, tokens_per_sec=tps,
+                tokens_per_sec_per_device=per_device, step_ms_median=step_ms, step_ms_min=step_ms * 0.99,
+                step_ms_max=step_ms * 1.01, flops_per_token=10**10, tflops_per_device=400.0, mfu_vs_bf16_peak=0.4,
+                peak_memory_allocated_gib=60.0)
+
+
+def seed(url: str, num_runs: int, num_running: int) -> tuple[int, list[tuple[int, RunSpec]]]:
+    """The experiment, its runs ended (summaries, result JSON, stored loss curves) and their step records,
+    but the last num_running, left running; its id and those (run id, RunSpec)."""
     rng = random.Random(0)
-    runs, _ = expand(SPEC, CLUSTER)
-    assert len(runs) == 2000, len(runs)
+    runs = _runs(num_runs)
     engine = make_engine(url)
     t0 = time.perf_counter()
     with session_scope(make_session_factory(engine)) as s:
-        exp, run_ids = create_experiment(s, SPEC, runs, CLUSTER.queue_name)
-        updates, summaries, copy_rows = [], [], io.StringIO()
-        for run_id, r in zip(run_ids, runs):
-            n = r.num_devices
+        spec = SPEC.model_copy(update={"name": f"bench 8b scaling, {num_runs} runs"})
+        exp, run_ids = create_experiment(s, spec, runs, CLUSTER.queue_name)
+        updates, summaries, curves, copy_rows = [], [], [], io.StringIO()
+        ended = list(zip(run_ids, runs))[: num_runs - num_running]
+        for run_id, r in ended:
             failed = rng.random() < 0.01
-            per_device = 17_600 * SPEEDUP[r.precision] * (0.97 ** (n.bit_length() - 4)) * rng.uniform(0.98, 1.02)
-            tps = per_device * n
-            final = 3.0 + rng.uniform(-0.02, 0.02)
+            per_device, tps, final = _values(rng, r)
             updates.append(
                 {
                     "id": run_id,
@@ -98,43 +135,33 @@ def seed(url: str) -> int:
                 }
             )
             if not failed:
-                step_ms = r.tokens_per_step / tps * 1000
-                summaries.append(
-                    dict(
-                        run_id=run_id,
-                        num_timed_steps=95,
-                        tokens_per_step=r.tokens_per_step,
-                        tokens_per_sec=tps,
-                        tokens_per_sec_per_device=per_device,
-                        step_ms_median=step_ms,
-                        step_ms_min=step_ms * 0.99,
-                        step_ms_max=step_ms * 1.01,
-                        flops_per_token=10**10,
-                        tflops_per_device=400.0,
-                        mfu_vs_bf16_peak=0.4,
-                        peak_memory_allocated_gib=60.0,
-                    )
-                )
-            for step in range(STEPS_PER_RUN):
-                loss = 10.0 * (0.97**step) + final
+                summaries.append(dict(run_id=run_id, final_loss=final, **_summary(r, per_device, tps)))
+            losses = _losses(final)
+            curves.append(loss_curve_row(run_id, list(enumerate(losses))))
+            for step, loss in enumerate(losses):
                 copy_rows.write(f"{run_id}\t{step}\t{loss}\t{100.0}\t{r.tokens_per_step}\t{'t' if step < 5 else 'f'}\n")
         now = sa.func.now()
         s.execute(sa.update(Run), updates)
-        s.execute(sa.update(Run).where(Run.experiment_id == exp.id).values(started_at=now, finished_at=now))
+        s.execute(sa.update(Run).where(Run.id.in_([i for i, _ in ended])).values(started_at=now, finished_at=now))
         s.execute(sa.insert(RunSummary), summaries)
+        s.execute(sa.insert(RunLossCurve), curves)
         raw = s.connection().connection.dbapi_connection
         with (
             raw.cursor() as cur,
             cur.copy("COPY step_metrics (run_id, step, loss, step_ms, tokens, warmup) FROM STDIN") as cp,
         ):
             cp.write(copy_rows.getvalue())
+        running = list(zip(run_ids, runs))[num_runs - num_running:]
+        for run_id, _ in running:
+            assert claim_run(s, run_id, "bench", "bench", 3600)
         exp_id = exp.id
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE"))  # what autovacuum does soon after a bulk load
         counts = conn.execute(sa.text("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM step_metrics)")).one()
     engine.dispose()
-    print(f"seeded experiment {exp_id}: {counts[0]} runs, {counts[1]} step records in {time.perf_counter() - t0:.1f} s")
-    return exp_id
+    print(f"seeded experiment {exp_id}: {counts[0]} runs ({num_running} left running), {counts[1]} step records "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return exp_id, running
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -326,17 +353,54 @@ async def raw_conditional(base: str, path: str, concurrency: int, duration_s: fl
     return row
 
 
+def record_then_read(url: str, base: str, path: str, running: list[tuple[int, RunSpec]]) -> tuple[dict, dict]:
+    """Finish each running run with record_result (100 steps, summary, commit), then GET the report with a
+    new full_size: the write a worker makes and the cold rebuild every poller gets after it."""
+    rng = random.Random(1)
+    engine = make_engine(url)
+    factory = make_session_factory(engine)
+    record_s, read_s, errors = [], [], 0
+    before = METER.mark() if METER else None
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for i, (run_id, r) in enumerate(running):
+            per_device, tps, final = _values(rng, r)
+            steps = [{"step": st, "loss": loss, "step_ms": 100.0, "tokens": r.tokens_per_step, "warmup": st < 5}
+                     for st, loss in enumerate(_losses(final))]
+            result = RunResult.model_validate({"run_key": r.run_key(), "status": "succeeded", "steps": steps,
+                                               "summary": _summary(r, per_device, tps),
+                                               "numerics": {"final_loss": final}})
+            t = time.perf_counter()
+            with session_scope(factory) as s:
+                ok = record_result(s, run_id, result)
+            record_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            resp = client.get(f"{path}?full_size={20_000 + i}")
+            read_s.append(time.perf_counter() - t)
+            errors += (not ok) + (resp.status_code != 200)
+    wall = time.perf_counter() - t0
+    after = METER.mark() if METER else None
+    engine.dispose()
+    rec = stats("record_result (100 steps, summary, curve; commit)", record_s, wall, errors)
+    row = stats(f"GET {path} cold, right after each record_result", read_s, wall, errors)
+    if before and after:
+        cpu_line(before, after, len(running))
+    return rec, row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--duration-s", type=float, default=10.0)
     parser.add_argument("--sequential", type=int, default=60, help="requests of the sequential phase")
+    parser.add_argument("--runs", type=int, default=2000, help="runs in the experiment (a multiple of 200)")
+    parser.add_argument("--record", type=int, default=50, help="runs left running, then recorded one by one")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     url = fresh_database(BENCH_DB)
-    exp_id = seed(url)
+    exp_id, running = seed(url, args.runs, args.record)
     port = free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(CLUSTERS_TOML)
@@ -348,7 +412,7 @@ def main() -> None:
     METER = CpuMeter(proc.pid, url)
     try:
         print(
-            f"{platform.node()}: {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.2f}; {versions()}; "
+            f"{platform.machine()}: {os.cpu_count()} cores, load avg {os.getloadavg()}; {versions()}; "
             f"uvicorn workers {args.workers}"
         )
         size = len(httpx.get(base + scaling, timeout=60).content)
@@ -362,6 +426,8 @@ def main() -> None:
         asyncio.run(concurrent(base, "/healthz", args.concurrency, args.duration_s, conditional=False))  # the floor
         asyncio.run(raw_conditional(base, scaling, args.concurrency, args.duration_s))
         asyncio.run(raw_conditional(base, f"/experiments/{exp_id}", args.concurrency, args.duration_s))
+        record_then_read(url, base, scaling, running)
+        print(f"load avg at the end: {os.getloadavg()}")
     finally:
         proc.terminate()
         proc.wait(10)

@@ -13,6 +13,7 @@ as JSON directly. Per series (model + layers, precision, layout, scaling mode, c
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 import statistics
@@ -22,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from core.scaling_fits import MIN_FIT_POINTS, fit_amdahl, fit_usl
+from core.scaling_fits import MIN_FIT_POINTS, AmdahlParams, USLParams, fit_amdahl, fit_usl
 from core.specs import FP8_PRECISIONS, resolve_layout
 
 NOISY_SPREAD = 0.05  # a point whose repeats spread more than 5% of their median is flagged noisy
@@ -175,33 +176,79 @@ def _usable_throughput(r: RunPoint) -> bool:
     return r.tokens_per_sec is not None and math.isfinite(r.tokens_per_sec) and r.tokens_per_sec > 0
 
 
-def _point(num_devices: int, runs: Sequence[RunPoint], noisy_spread: float) -> ScalingPoint:
+@dataclass(frozen=True, slots=True)
+class PointRuns:
+    """What one point (series, N) needs from its runs: counts, run ids, and medians over the succeeded runs
+    that have a throughput (None values left out). `aggregate_points` builds them from RunPoints; the
+    database builds the same records with GROUP BY (db.analysis), so a report never needs one row per run."""
+
+    key: SeriesKey
+    num_devices: int
+    num_succeeded: int
+    num_failed: int
+    num_pending: int
+    run_ids: tuple[str, ...]  # in run order
+    imported: bool  # any run of the point was imported
+    tokens_per_sec: float | None = None  # X(N), median
+    tokens_per_sec_min: float | None = None
+    tokens_per_sec_max: float | None = None
+    step_ms_median: float | None = None
+    mfu_vs_bf16_peak: float | None = None
+    mfu_vs_precision_peak: float | None = None
+    peak_memory_allocated_gib: float | None = None
+    final_loss: float | None = None
+    num_invalid: int = 0  # succeeded runs whose stored throughput is not finite and positive (counted as failed)
+
+
+def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> PointRuns:
     succeeded = [r for r in runs if r.status == "succeeded" and r.tokens_per_sec is not None]
     ok = [r for r in succeeded if _usable_throughput(r)]
     num_invalid = len(succeeded) - len(ok)  # counted as failed: nothing usable was measured
     num_failed = sum(r.status == "failed" for r in runs) + num_invalid
-    num_pending = len(runs) - len(ok) - num_failed
-    base = dict(num_devices=num_devices, num_succeeded=len(ok), num_failed=num_failed, num_pending=num_pending,
-                run_ids=[str(r.run_id) for r in runs])
-    imported = ["imported"] if any(r.imported for r in runs) else []
-    invalid = ["invalid_value"] if num_invalid else []
-    if not ok:
-        status: PointStatus = "failed" if num_failed and not num_pending else "pending"
-        return ScalingPoint(status=status, flags=[status] + invalid + imported, **base)
     xs = [r.tokens_per_sec for r in ok]
-    x = statistics.median(xs)
-    spread = (max(xs) - min(xs)) / x if x > 0 else None
-    flags = ["noisy"] if spread is not None and spread > noisy_spread else []
-    flags += ["some_failed"] if num_failed else []
-    flags += ["pending"] if num_pending else []
-    return ScalingPoint(
-        status="measured", flags=flags + invalid + imported, tokens_per_sec=x, tokens_per_sec_min=min(xs),
-        tokens_per_sec_max=max(xs), tokens_per_sec_per_device=x / num_devices, spread=_finite(spread),
+    return PointRuns(
+        key=key, num_devices=num_devices, num_succeeded=len(ok), num_failed=num_failed, num_invalid=num_invalid,
+        num_pending=len(runs) - len(ok) - num_failed, run_ids=tuple(str(r.run_id) for r in runs),
+        imported=any(r.imported for r in runs), tokens_per_sec=_median(xs),
+        tokens_per_sec_min=min(xs) if xs else None, tokens_per_sec_max=max(xs) if xs else None,
         step_ms_median=_median(r.step_ms_median for r in ok),
         mfu_vs_bf16_peak=_median(r.mfu_vs_bf16_peak for r in ok),
         mfu_vs_precision_peak=_median(r.mfu_vs_precision_peak for r in ok),
         peak_memory_allocated_gib=_median(r.peak_memory_allocated_gib for r in ok),
-        final_loss=_median(r.final_loss for r in ok), **base)
+        final_loss=_median(r.final_loss for r in ok))
+
+
+def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
+    """One PointRuns per (series, N), series in order of their first run, N in order of first appearance."""
+    groups: dict[tuple[SeriesKey, int], list[RunPoint]] = {}
+    keys: dict[tuple, SeriesKey] = {}
+    for r in runs:
+        raw = (r.model, r.num_layers, r.precision, r.layout, r.scaling, r.cluster)
+        key = keys.get(raw) or keys.setdefault(raw, _key(r))
+        groups.setdefault((key, r.num_devices), []).append(r)
+    return [_point_runs(key, n, rs) for (key, n), rs in groups.items()]
+
+
+def _point(p: PointRuns, noisy_spread: float) -> dict:
+    """The fields of a ScalingPoint (efficiency and fp8 speedup are added by the series)."""
+    base = dict(num_devices=p.num_devices, num_succeeded=p.num_succeeded, num_failed=p.num_failed,
+                num_pending=p.num_pending, run_ids=list(p.run_ids))
+    imported = ["imported"] if p.imported else []
+    invalid = ["invalid_value"] if p.num_invalid else []
+    if not p.num_succeeded:
+        status: PointStatus = "failed" if p.num_failed and not p.num_pending else "pending"
+        return dict(status=status, flags=[status] + invalid + imported, **base)
+    x = p.tokens_per_sec
+    spread = _finite((p.tokens_per_sec_max - p.tokens_per_sec_min) / x) if x > 0 else None
+    flags = ["noisy"] if spread is not None and spread > noisy_spread else []
+    flags += ["some_failed"] if p.num_failed else []
+    flags += ["pending"] if p.num_pending else []
+    return dict(
+        status="measured", flags=flags + invalid + imported, tokens_per_sec=x, tokens_per_sec_min=p.tokens_per_sec_min,
+        tokens_per_sec_max=p.tokens_per_sec_max, tokens_per_sec_per_device=x / p.num_devices, spread=spread,
+        step_ms_median=p.step_ms_median, mfu_vs_bf16_peak=p.mfu_vs_bf16_peak,
+        mfu_vs_precision_peak=p.mfu_vs_precision_peak, peak_memory_allocated_gib=p.peak_memory_allocated_gib,
+        final_loss=p.final_loss, **base)
 
 
 def _layout_fits(layout: str, num_devices: int) -> bool:
@@ -212,40 +259,35 @@ def _layout_fits(layout: str, num_devices: int) -> bool:
     return True
 
 
-def _points(runs: Sequence[RunPoint], all_counts: Sequence[int],
-            noisy_spread: float) -> tuple[list[ScalingPoint], list[int]]:
-    """Points of one series, with missing ones for counts measured elsewhere; also the counts the layout cannot use."""
-    by_n: dict[int, list[RunPoint]] = {}
-    for r in runs:
-        by_n.setdefault(r.num_devices, []).append(r)
-    layout = runs[0].layout
+def _points(by_n: Mapping[int, PointRuns], layout: str, all_counts: Sequence[int],
+            noisy_spread: float) -> tuple[list[dict], list[int]]:
+    """Points of one series (as ScalingPoint fields), with missing ones for counts measured elsewhere; also
+    the counts the layout cannot use."""
     points, impossible = [], []
     for n in all_counts:
         if n in by_n:
-            points.append(_point(n, by_n[n], noisy_spread))
+            points.append(_point(by_n[n], noisy_spread))
         elif _layout_fits(layout, n):
-            points.append(ScalingPoint(num_devices=n, status="missing", flags=["missing"]))
+            points.append(dict(num_devices=n, status="missing", flags=["missing"]))
         else:
             impossible.append(n)
     return points, impossible
 
 
-def _with_efficiency(
-    points: list[ScalingPoint], baseline_n: int | None
-) -> tuple[list[ScalingPoint], int | None, list[str]]:
-    """E(N) = X(N) / (X(N0) * N / N0). An asked-for N0 that this series did not measure gives no E, and says so."""
-    measured = {p.num_devices: p.tokens_per_sec for p in points if p.tokens_per_sec}
+def _with_efficiency(points: list[dict], baseline_n: int | None) -> tuple[int | None, list[str]]:
+    """E(N) = X(N) / (X(N0) * N / N0), set on the points. An asked-for N0 that this series did not measure
+    gives no E, and says so."""
+    measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
     if not measured:
-        return points, None, []
+        return None, []
     n0 = baseline_n if baseline_n is not None else min(measured)
     if n0 not in measured:
-        return points, None, [f"no efficiency: baseline N0={n0} was not measured in this series"]
+        return None, [f"no efficiency: baseline N0={n0} was not measured in this series"]
     x0 = measured[n0]
-    out = [
-        p.model_copy(update={"efficiency": p.tokens_per_sec / (x0 * p.num_devices / n0)}) if p.tokens_per_sec else p
-        for p in points
-    ]
-    return out, n0, []
+    for p in points:
+        if p.get("tokens_per_sec"):
+            p["efficiency"] = p["tokens_per_sec"] / (x0 * p["num_devices"] / n0)
+    return n0, []
 
 
 # -------------------------------------------------------------------------------------------- fits
@@ -266,6 +308,22 @@ def _prediction(predict, num_devices: int | None, measured: Mapping[int, float],
     return Prediction(num_devices=num_devices, tokens_per_sec=x, efficiency=eff, extrapolated=extrapolated, note=note)
 
 
+# Fitted parameters depend on nothing but the series' measured points (N, X(N)) in order: that tuple is the
+# series' own fingerprint, so a run that changes one series refits that series only, and a new N0 or full
+# size reuses the fit (only the cheap prediction is redone). Bounded: one entry is a few hundred bytes.
+FIT_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=FIT_CACHE_SIZE)
+def _amdahl_params(points: tuple[tuple[int, float], ...]) -> AmdahlParams:
+    return fit_amdahl([n for n, _ in points], [x for _, x in points])
+
+
+@functools.lru_cache(maxsize=FIT_CACHE_SIZE)
+def _usl_params(points: tuple[tuple[int, float], ...]) -> USLParams:
+    return fit_usl([n for n, _ in points], [x for _, x in points])
+
+
 def _fit_amdahl(measured: Mapping[int, float], full_n: int | None, n0: int | None) -> AmdahlFit:
     if len(measured) < MIN_FIT_POINTS:
         return AmdahlFit(
@@ -273,7 +331,7 @@ def _fit_amdahl(measured: Mapping[int, float], full_n: int | None, n0: int | Non
             reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
             num_points=len(measured),
         )
-    p = fit_amdahl(list(measured), list(measured.values()))
+    p = _amdahl_params(tuple(measured.items()))
     q = p.quality
     return AmdahlFit(
         fitted=True,
@@ -294,7 +352,7 @@ def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) 
             reason=f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(measured)} measured)",
             num_points=len(measured),
         )
-    p = fit_usl(list(measured), list(measured.values()))
+    p = _usl_params(tuple(measured.items()))
     q, peak = p.quality, p.peak_num_devices
     return USLFit(
         fitted=True,
@@ -330,17 +388,18 @@ def _pair_key(k: SeriesKey) -> tuple[str, int, str, str, str]:
     return (k.model, k.num_layers, k.layout, k.scaling, k.cluster)
 
 
-def _speedups(groups: Mapping[SeriesKey, list[ScalingPoint]]) -> list[SpeedupPoint]:
-    bf16 = {_pair_key(k): {p.num_devices: p for p in pts} for k, pts in groups.items() if k.precision == "bf16"}
+def _speedups(groups: Mapping[SeriesKey, list[dict]]) -> list[SpeedupPoint]:
+    """S(N) of every fp8 point against the bf16 point of its pair series; points as ScalingPoint fields."""
+    bf16 = {_pair_key(k): {p["num_devices"]: p for p in pts} for k, pts in groups.items() if k.precision == "bf16"}
     out = []
     for k, pts in groups.items():
         ref = bf16.get(_pair_key(k)) if k.precision in FP8_PRECISIONS else None
         for p in pts if ref else []:
-            b = ref.get(p.num_devices)
-            if p.tokens_per_sec and b is not None and b.tokens_per_sec:
-                gap = (
-                    (p.final_loss - b.final_loss) / b.final_loss if p.final_loss is not None and b.final_loss else None
-                )
+            b = ref.get(p["num_devices"])
+            x, loss = p.get("tokens_per_sec"), p.get("final_loss")
+            if x and b is not None and b.get("tokens_per_sec"):
+                bx, b_loss = b["tokens_per_sec"], b.get("final_loss")
+                gap = (loss - b_loss) / b_loss if loss is not None and b_loss else None
                 out.append(
                     SpeedupPoint(
                         model=k.model,
@@ -349,12 +408,12 @@ def _speedups(groups: Mapping[SeriesKey, list[ScalingPoint]]) -> list[SpeedupPoi
                         scaling=k.scaling,
                         cluster=k.cluster,
                         precision=k.precision,
-                        num_devices=p.num_devices,
-                        fp8_tokens_per_sec=p.tokens_per_sec,
-                        bf16_tokens_per_sec=b.tokens_per_sec,
-                        speedup=p.tokens_per_sec / b.tokens_per_sec,
-                        fp8_final_loss=p.final_loss,
-                        bf16_final_loss=b.final_loss,
+                        num_devices=p["num_devices"],
+                        fp8_tokens_per_sec=x,
+                        bf16_tokens_per_sec=bx,
+                        speedup=x / bx,
+                        fp8_final_loss=loss,
+                        bf16_final_loss=b_loss,
                         loss_rel_gap=gap,
                     )
                 )
@@ -362,10 +421,10 @@ def _speedups(groups: Mapping[SeriesKey, list[ScalingPoint]]) -> list[SpeedupPoi
 
 
 def _series(
-    key: SeriesKey, points: list[ScalingPoint], impossible: list[int], baseline_n: int | None, full_n: int | None
+    key: SeriesKey, points: list[dict], impossible: list[int], baseline_n: int | None, full_n: int | None
 ) -> Series:
-    points, n0, notes = _with_efficiency(points, baseline_n)
-    measured = {p.num_devices: p.tokens_per_sec for p in points if p.tokens_per_sec}
+    n0, notes = _with_efficiency(points, baseline_n)
+    measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
     if impossible:
         notes.append(f"layout {key.layout} cannot run at N={', '.join(map(str, impossible))}: not a missing point")
     if key.scaling == "weak" and len(measured) >= MIN_FIT_POINTS:
@@ -376,7 +435,7 @@ def _series(
     return Series(
         key=key,
         baseline_num_devices=n0,
-        points=points,
+        points=[ScalingPoint(**p) for p in points],
         amdahl=_fit_amdahl(measured, full_n, n0),
         usl=_fit_usl(measured, full_n, n0),
         notes=notes,
@@ -396,14 +455,24 @@ def build_report(
     full_size_by_cluster: devices of each cluster at full size; fits predict X and E there (labelled as
     extrapolation beyond the measured range).
     """
-    runs = list(runs)
-    by_key: dict[SeriesKey, list[RunPoint]] = {}
-    for r in runs:
-        by_key.setdefault(_key(r), []).append(r)
-    all_counts = sorted({r.num_devices for r in runs})
-    sized: dict[SeriesKey, tuple[list[ScalingPoint], list[int]]] = {
-        k: _points(rs, all_counts, noisy_spread) for k, rs in by_key.items()
-    }
+    return build_report_from_points(aggregate_points(runs), baseline_num_devices=baseline_num_devices,
+                                     full_size_by_cluster=full_size_by_cluster, noisy_spread=noisy_spread)
+
+
+def build_report_from_points(
+    points: Iterable[PointRuns],
+    *,
+    baseline_num_devices: int | None = None,
+    full_size_by_cluster: Mapping[str, int] | None = None,
+    noisy_spread: float = NOISY_SPREAD,
+) -> ScalingReport:
+    """build_report over points already aggregated (aggregate_points, or the database's GROUP BY): one
+    PointRuns per (series, N), series in order of their first run."""
+    by_key: dict[SeriesKey, dict[int, PointRuns]] = {}
+    for p in points:
+        by_key.setdefault(p.key, {})[p.num_devices] = p
+    all_counts = sorted({n for by_n in by_key.values() for n in by_n})
+    sized = {k: _points(by_n, k.layout, all_counts, noisy_spread) for k, by_n in by_key.items()}
     speedups = _speedups({k: pts for k, (pts, _) in sized.items()})
     s_of = {
         (sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp.speedup
@@ -412,16 +481,9 @@ def build_report(
     series = []
     for k in sorted(sized, key=lambda k: (k.model, k.num_layers, k.cluster, k.scaling, k.layout, k.precision)):
         pts, impossible = sized[k]
-        pts = [
-            p.model_copy(
-                update={
-                    "fp8_speedup": s_of.get(
-                        (k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p.num_devices)
-                    )
-                }
-            )
-            for p in pts
-        ]
+        for p in pts:
+            p["fp8_speedup"] = s_of.get(
+                (k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p["num_devices"]))
         full_n = (full_size_by_cluster or {}).get(k.cluster)
         series.append(_series(k, pts, impossible, baseline_num_devices, full_n))
     return ScalingReport(

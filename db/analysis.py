@@ -1,24 +1,32 @@
-"""Analysis reads: runs as core.scaling.RunPoint rows, change fingerprints for ETags, downsampled loss curves.
+"""Analysis reads: scaling points aggregated per (series, N), change fingerprints for ETags, loss curves.
 
-Each function is a bounded number of queries whatever the experiment's size (no N+1):
-  load_run_points      1 query  (runs LEFT JOIN run_summaries; model/layers/scaling read from the run spec JSON)
+Each function is a bounded number of queries whatever the experiment's size (no N+1), and none reads
+step_metrics for a run recorded since loss curves are stored (record_result stores them):
+  load_scaling_points  1 query  (PostgreSQL: an index-only GROUP BY, one row per (series, N), not per run),
+                       + 1 when points changed (their summary medians, aggregated in the database)
+  load_run_points      1 query  (one RunPoint per run, series key from the spec JSON: the per-run reading,
+                       what SQLite uses and what the aggregated reading is tested against)
   fingerprints         1 query  (per-status counts and max timestamps; no step_metrics scan)
-  loss_curves          2 queries (which runs, then their steps thinned in SQL to <= max_points per run)
+  loss_curves          2 queries (one run per curve, then its stored curve), + 1 for runs stored before
+                       curves were (their steps thinned in SQL)
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import sys
+from array import array
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 
-from core.scaling import RunPoint
-from db.models import Experiment, Run, RunSummary, StepMetric
+from core.scaling import PointRuns, RunPoint, SeriesKey, aggregate_points
+from db.models import Experiment, Run, RunLossCurve, RunSummary, StepMetric
 
 # Cancelled runs are left out of the curves: the point they belonged to shows as missing (nothing was
 # measured), not as a failure of the configuration and not as pending forever.
@@ -82,6 +90,161 @@ def load_run_points(session: Session, experiment_id: int) -> list[RunPoint]:
     return load_run_points_many(session, [experiment_id])[experiment_id]
 
 
+# ------------------------------------------------------------------------------------ scaling points
+
+_POINT = (Run.model, Run.num_layers, Run.precision, Run.layout, Run.scaling, Run.cluster, Run.num_devices)
+
+
+@dataclass(frozen=True, slots=True)
+class PointValues:
+    """The part of a point that comes from its succeeded runs' summaries: how many have a throughput, and
+    the min, max and medians of their values (core.scaling.PointRuns' fields of the same names)."""
+
+    num_succeeded: int = 0
+    num_invalid: int = 0  # succeeded runs whose throughput is not finite and positive
+    tokens_per_sec: float | None = None
+    tokens_per_sec_min: float | None = None
+    tokens_per_sec_max: float | None = None
+    step_ms_median: float | None = None
+    mfu_vs_bf16_peak: float | None = None
+    mfu_vs_precision_peak: float | None = None
+    peak_memory_allocated_gib: float | None = None
+    final_loss: float | None = None
+
+
+NO_VALUES = PointValues()
+
+
+def _point_index_select() -> sa.Select:
+    """One row per (experiment, series, N) from the runs alone: counts, ordered run ids, and the
+    fingerprint of the succeeded runs (count, sum of ids, latest finish). Served by an index-only scan
+    of ix_runs_scaling_points, already in group order: no sort, no heap, no JSON."""
+    succeeded = Run.status == "succeeded"
+    return (
+        sa.select(
+            Run.experiment_id, *_POINT,
+            sa.func.count(sa.case((Run.status == "failed", 1))), sa.func.count(),
+            sa.func.array_agg(aggregate_order_by(Run.id, Run.id)), sa.func.bool_or(Run.imported),
+            sa.func.count(sa.case((succeeded, 1))), sa.func.sum(sa.case((succeeded, Run.id))),
+            sa.func.max(sa.case((succeeded, Run.finished_at))),
+        )
+        .where(Run.experiment_id.in_(sa.bindparam("experiment_ids", expanding=True)),
+               Run.status.not_in(EXCLUDED_FROM_CURVES))
+        .group_by(Run.experiment_id, *_POINT)
+        .order_by(Run.experiment_id, sa.func.min(Run.id))  # series in order of their first run
+    )
+
+
+def _point_values_select() -> sa.Select:
+    """PointValues per (series, N) of one experiment, over its succeeded runs with a throughput.
+
+    A median is the mean of the two middle values, percentile_disc(0.5) in ascending and in descending
+    order (the same value when the count is odd): exactly what statistics.median returns, so the numbers
+    equal those of core.scaling.aggregate_points bit for bit (ordered-set aggregates skip NULLs, as the
+    Python medians skip None)."""
+
+    def middle(col: sa.ColumnElement) -> tuple[sa.ColumnElement, sa.ColumnElement]:
+        return (sa.func.percentile_disc(0.5).within_group(col.asc()),
+                sa.func.percentile_disc(0.5).within_group(col.desc()))
+
+    # final_loss: the summary's copy; the result JSON only for summaries stored without it (imports)
+    final_loss = sa.func.coalesce(RunSummary.final_loss, Run.result[("numerics", "final_loss")].as_float())
+    tps = RunSummary.tokens_per_sec
+    # usable: finite and positive (NaN sorts above Infinity in PostgreSQL); the others count as invalid
+    usable = sa.and_(tps > 0, tps < float("inf"))
+
+    def ok(col: sa.ColumnElement) -> sa.ColumnElement:  # the value of a usable run, else NULL (skipped)
+        return sa.case((usable, col))
+
+    return (
+        sa.select(
+            *_POINT, sa.func.count(ok(1)), sa.func.min(ok(tps)), sa.func.max(ok(tps)), *middle(ok(tps)),
+            *middle(ok(RunSummary.step_ms_median)), *middle(ok(RunSummary.mfu_vs_bf16_peak)),
+            *middle(ok(RunSummary.mfu_vs_precision_peak)), *middle(ok(RunSummary.peak_memory_allocated_gib)),
+            *middle(ok(final_loss)), sa.func.count(),
+        )
+        .join(RunSummary, RunSummary.run_id == Run.id)
+        .where(Run.experiment_id == sa.bindparam("experiment_id"), Run.status == "succeeded", tps.is_not(None))
+        .group_by(*_POINT)
+    )
+
+
+_POINT_INDEX = _point_index_select()
+_POINT_VALUES = _point_values_select()
+
+
+def _mean(lo: float | None, hi: float | None) -> float | None:
+    return None if lo is None else (lo + hi) / 2
+
+
+def _point_values(session: Session, experiment_id: int, points: list[tuple] | None) -> dict[tuple, PointValues]:
+    """PointValues of these points ((model, layers, precision, layout, scaling, cluster, N) tuples) of one
+    experiment; None: of all its points."""
+    stmt = _POINT_VALUES if points is None else _POINT_VALUES.where(sa.tuple_(*_POINT).in_(points))
+    out = {}
+    for row in session.execute(stmt, {"experiment_id": experiment_id}):
+        num_ok, x_min, x_max, *middles, num_with_tps = row[len(_POINT):]
+        x, step_ms, mfu_bf16, mfu_own, mem_gib, final_loss = (_mean(*middles[i:i + 2]) for i in range(0, 12, 2))
+        out[tuple(row[:len(_POINT)])] = PointValues(
+            num_succeeded=num_ok, num_invalid=num_with_tps - num_ok, tokens_per_sec=x, tokens_per_sec_min=x_min,
+            tokens_per_sec_max=x_max,
+            step_ms_median=step_ms, mfu_vs_bf16_peak=mfu_bf16, mfu_vs_precision_peak=mfu_own,
+            peak_memory_allocated_gib=mem_gib, final_loss=final_loss)
+    return out
+
+
+def load_scaling_points_many(session: Session, experiment_ids: Sequence[int],
+                             known: MutableMapping[tuple, PointValues] | None = None) -> dict[int, list[PointRuns]]:
+    """The PointRuns of several experiments (core.scaling.build_report_from_points' input), keyed by id.
+
+    PostgreSQL: one index-only GROUP BY gives every point's counts, run ids and the fingerprint of its
+    succeeded runs; the summary values (medians) are aggregated by the database only for points whose
+    fingerprint is not in `known` (a cache the caller keeps; filled here). A succeeded run is terminal and
+    its summary written once with it, so a point's values change only when its succeeded runs do: after
+    one run finished, one point is re-aggregated. Other databases (SQLite, the embedded default) aggregate
+    the per-run rows in Python, which gives the same records."""
+    if session.get_bind().dialect.name != "postgresql":
+        return {i: aggregate_points(rs) for i, rs in load_run_points_many(session, experiment_ids).items()}
+    known = {} if known is None else known
+    index = session.execute(_POINT_INDEX, {"experiment_ids": list(experiment_ids)}).all()
+    # (experiment, point, succeeded count, sum of their ids, latest finish); None: no succeeded run
+    fps = [(row[0], *row[1:8], *row[-3:]) if row[-3] else None for row in index]
+    wanted: dict[int, dict[tuple, tuple]] = {}  # experiment -> point -> its fingerprint
+    for row, fp in zip(index, fps):
+        if fp is not None and fp not in known:
+            wanted.setdefault(row[0], {})[tuple(row[1:8])] = fp
+    for exp_id, points in wanted.items():
+        num_points = sum(row[0] == exp_id for row in index)
+        found = _point_values(session, exp_id, None if len(points) > num_points // 2 else list(points))
+        for point, fp in points.items():
+            known[fp] = found.get(point, NO_VALUES)
+    out: dict[int, list[PointRuns]] = {i: [] for i in experiment_ids}
+    keys: dict[tuple, SeriesKey] = {}
+    for row, fp in zip(index, fps):
+        out[row[0]].append(_point_runs(row, known.get(fp, NO_VALUES) if fp is not None else NO_VALUES, keys))
+    return out
+
+
+def _point_runs(row: sa.Row, v: PointValues, keys: dict[tuple, SeriesKey]) -> PointRuns:
+    _, model, num_layers, precision, layout, scaling, cluster, n, num_failed, num_runs, run_ids, imported = row[:12]
+    raw = (model, num_layers, precision, layout, scaling, cluster)
+    key = keys.get(raw) or keys.setdefault(raw, SeriesKey(
+        model=model, num_layers=num_layers, precision=precision, layout=layout, scaling=scaling, cluster=cluster))
+    num_failed += v.num_invalid  # a succeeded run with an unusable stored throughput measured nothing
+    return PointRuns(
+        key=key, num_devices=n, num_succeeded=v.num_succeeded, num_failed=num_failed, num_invalid=v.num_invalid,
+        num_pending=num_runs - v.num_succeeded - num_failed, run_ids=tuple(map(str, run_ids)), imported=imported,
+        tokens_per_sec=v.tokens_per_sec, tokens_per_sec_min=v.tokens_per_sec_min,
+        tokens_per_sec_max=v.tokens_per_sec_max, step_ms_median=v.step_ms_median,
+        mfu_vs_bf16_peak=v.mfu_vs_bf16_peak, mfu_vs_precision_peak=v.mfu_vs_precision_peak,
+        peak_memory_allocated_gib=v.peak_memory_allocated_gib, final_loss=v.final_loss)
+
+
+def load_scaling_points(session: Session, experiment_id: int,
+                        known: MutableMapping[tuple, PointValues] | None = None) -> list[PointRuns]:
+    return load_scaling_points_many(session, [experiment_id], known)[experiment_id]
+
+
 # ------------------------------------------------------------------------------------------ fingerprint
 
 
@@ -128,6 +291,16 @@ def fingerprint(session: Session, experiment_id: int) -> str | None:
 # ----------------------------------------------------------------------------------------- loss curves
 
 
+# A stored curve holds at most this many points (= the most a /losses request may ask per curve), so a
+# curve of up to 2,000 steps is stored whole and served exactly as thinning its steps would serve it.
+STORED_CURVE_POINTS = 2000
+DOWNSAMPLING = (
+    "every k-th point from the first, plus the last, k = ceil((n - 1) / (max_points - 1)) over the n points "
+    "thinned; a curve longer than 2000 points is stored thinned that way to 2000 points when its run is "
+    "recorded (stored_stride > 1) and served by thinning the stored points"
+)
+
+
 @dataclass(frozen=True)
 class LossCurve:
     run_id: int
@@ -139,21 +312,65 @@ class LossCurve:
     num_steps: int  # steps with a loss, before thinning
     steps: list[int]
     losses: list[float]
+    source: str = "store"  # store: the curve stored when the run was recorded; steps: thinned from step rows
+    stored_stride: int = 1  # the stored curve keeps every stored_stride-th step (1: all of them)
+
+
+def _stride(n: int, max_points: int) -> int:
+    return 1 if n <= max_points else (n + max_points - 3) // (max_points - 1)  # ceil((n - 1) / (max_points - 1))
+
+
+def _thin(values: list, max_points: int) -> list:
+    """Every k-th value from the first, plus the last (the rule of _thinned_steps, applied in Python)."""
+    k = _stride(len(values), max_points)
+    kept = values[::k]
+    if (len(values) - 1) % k:
+        kept.append(values[-1])
+    return kept
+
+
+def _packed(typecode: str, values: list) -> bytes:
+    a = array(typecode, values)
+    if sys.byteorder == "big":  # stored little-endian
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpacked(typecode: str, raw: bytes) -> list:
+    a = array(typecode)
+    a.frombytes(raw)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tolist()
+
+
+def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict:
+    """The run_loss_curves row of a run's (step, loss) points (any order, at least one; None losses left
+    out): thinned to at most STORED_CURVE_POINTS, arrays packed."""
+    ordered = sorted(points)
+    kept = _thin(ordered, STORED_CURVE_POINTS)
+    return dict(run_id=run_id, num_steps=len(ordered), stride=_stride(len(ordered), STORED_CURVE_POINTS),
+                steps_i64=_packed("q", [s for s, _ in kept]), losses_f64=_packed("d", [v for _, v in kept]))
+
+
+def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, float]]) -> None:
+    """Store (replace) a run's loss curve; nothing is stored for a run without losses."""
+    session.execute(sa.delete(RunLossCurve).where(RunLossCurve.run_id == run_id))
+    if points:
+        session.execute(sa.insert(RunLossCurve).values(**loss_curve_row(run_id, points)))
 
 
 def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row]:
     """One succeeded run per (cluster, precision, layout, N): the lowest repeat (then the lowest id)."""
-    stmt = (
-        sa.select(Run.id, Run.cluster, Run.precision, Run.layout, Run.num_devices, Run.repeat)
-        .where(Run.experiment_id == experiment_id, Run.status == "succeeded")
-        .order_by(Run.repeat, Run.id)
-    )
+    rank = sa.func.row_number().over(partition_by=(Run.cluster, Run.precision, Run.layout, Run.num_devices),
+                                     order_by=(Run.repeat, Run.id)).label("rank")
+    where = [Run.experiment_id == experiment_id, Run.status == "succeeded"]
     if num_devices is not None:
-        stmt = stmt.where(Run.num_devices == num_devices)
-    chosen: dict[tuple, sa.Row] = {}
-    for row in session.execute(stmt):
-        chosen.setdefault((row.cluster, row.precision, row.layout, row.num_devices), row)
-    return sorted(chosen.values(), key=lambda r: (r.cluster, r.layout, r.num_devices, r.precision))
+        where.append(Run.num_devices == num_devices)
+    ranked = sa.select(Run.id, Run.cluster, Run.precision, Run.layout, Run.num_devices, Run.repeat, rank).where(
+        *where).subquery()
+    rows = session.execute(sa.select(ranked).where(ranked.c.rank == 1)).all()
+    return sorted(rows, key=lambda r: (r.cluster, r.layout, r.num_devices, r.precision))
 
 
 def _thinned_steps(session: Session, run_ids: list[int], max_points: int) -> dict[int, tuple[int, list, list]]:
@@ -189,24 +406,24 @@ def loss_curves(
     session: Session, experiment_id: int, *, max_points: int = 200, num_devices: int | None = None
 ) -> list[LossCurve]:
     """Loss curves for the fp8-vs-bf16 chart: one run per (cluster, precision, layout, N), each thinned to
-    at most max_points points (first and last step kept). Runs without step losses give no curve."""
+    at most max_points points (first and last step kept; DOWNSAMPLING). Runs without step losses give no
+    curve. Stored curves are read as they are; runs without one (imported) are thinned from their steps."""
     assert max_points >= 2
     runs = _curve_runs(session, experiment_id, num_devices)
     if not runs:
         return []
-    steps = _thinned_steps(session, [r.id for r in runs], max_points)
-    return [
-        LossCurve(
-            run_id=r.id,
-            cluster=r.cluster,
-            precision=r.precision,
-            layout=r.layout,
-            num_devices=r.num_devices,
-            repeat=r.repeat,
-            num_steps=steps[r.id][0],
-            steps=steps[r.id][1],
-            losses=steps[r.id][2],
-        )
-        for r in runs
-        if r.id in steps
-    ]
+    ids = [r.id for r in runs]
+    stored = {c.run_id: c for c in session.scalars(sa.select(RunLossCurve).where(RunLossCurve.run_id.in_(ids)))}
+    unstored = [i for i in ids if i not in stored]
+    from_steps = _thinned_steps(session, unstored, max_points) if unstored else {}
+    out = []
+    for r in runs:
+        where = dict(run_id=r.id, cluster=r.cluster, precision=r.precision, layout=r.layout,
+                     num_devices=r.num_devices, repeat=r.repeat)
+        if (c := stored.get(r.id)) is not None:
+            out.append(LossCurve(**where, num_steps=c.num_steps, steps=_thin(_unpacked("q", c.steps_i64), max_points),
+                                 losses=_thin(_unpacked("d", c.losses_f64), max_points), stored_stride=c.stride))
+        elif r.id in from_steps:
+            n, steps, losses = from_steps[r.id]
+            out.append(LossCurve(**where, num_steps=n, steps=steps, losses=losses, source="steps"))
+    return out

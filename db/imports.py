@@ -46,7 +46,8 @@ def record_imported(session: Session, spec: ExperimentSpec, runs: Sequence[RunSp
         "id": run_id, "status": res.status, "attempts": 0, "error_kind": res.error.kind if res.error else None,
         "error_message": res.error.message if res.error else None,
     } for run_id, res in zip(run_ids, results)])
-    summaries = [{"run_id": run_id, **res.summary.model_dump()}
+    summaries = [{"run_id": run_id, **res.summary.model_dump(),
+                  "final_loss": res.numerics.final_loss if res.numerics is not None else None}
                  for run_id, res in zip(run_ids, results) if res.summary is not None]
     if summaries:
         session.execute(sa.insert(RunSummary), summaries)

@@ -20,6 +20,16 @@ ACTIVE_STATUSES = ("pending", "running")  # a worker owns the run
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
+def _from_spec(field: str):
+    """Column default copied from the run's spec JSON at INSERT, so that the scaling series key (model,
+    layers, scaling mode) is a plain column: grouping 20,000 runs then reads no JSON."""
+
+    def default(context: sa.engine.interfaces.ExecutionContext) -> Any:
+        return context.get_current_parameters()["spec"][field]
+
+    return default
+
+
 class Experiment(Base):
     __tablename__ = "experiments"
     __table_args__ = (enum_check("source", EXPERIMENT_SOURCES),)
@@ -43,9 +53,15 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         enum_check("status", RUN_STATUSES),
-        sa.Index("ix_runs_experiment_id_status", "experiment_id", "status"),
+        # INCLUDE: the change fingerprint of an experiment (db.analysis.fingerprints) by an index-only scan
+        sa.Index("ix_runs_experiment_id_status", "experiment_id", "status",
+                 postgresql_include=["id", "attempts", "cancel_requested", "dispatched_at", "slurm_job_id",
+                                     "started_at", "finished_at"]),
         sa.Index("ix_runs_status_dispatched_at", "status", "dispatched_at"),
         sa.Index("ix_runs_queue_status_id", "queue", "status", "id"),  # the oldest claimable run of a queue
+        # the scaling points of an experiment in group order, read by an index-only scan (db.analysis)
+        sa.Index("ix_runs_scaling_points", "experiment_id", "model", "num_layers", "precision", "layout", "scaling",
+                 "cluster", "num_devices", "id", postgresql_include=["status", "imported", "finished_at"]),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -55,6 +71,9 @@ class Run(Base):
     precision: Mapped[str] = mapped_column(sa.String(32))
     layout: Mapped[str] = mapped_column(sa.String(64))
     num_devices: Mapped[int]
+    model: Mapped[str] = mapped_column(sa.String(32), default=_from_spec("model"))  # = spec.model
+    num_layers: Mapped[int] = mapped_column(default=_from_spec("num_layers"))  # = spec.num_layers
+    scaling: Mapped[str] = mapped_column(sa.String(16), default=_from_spec("scaling"))  # = spec.scaling
     repeat: Mapped[int] = mapped_column(default=0)
     cluster: Mapped[str] = mapped_column(sa.String(100))
     queue: Mapped[str] = mapped_column(sa.String(100))  # Celery queue of the cluster's workers
@@ -116,6 +135,24 @@ class RunSummary(Base):
     peak_memory_allocated_gib: Mapped[float | None]
     peak_memory_reserved_gib: Mapped[float | None]
     num_float8_linears: Mapped[int | None]
+    # result.numerics.final_loss, written with the summary (None for rows imported before it existed: the
+    # readers fall back to the result JSON then)
+    final_loss: Mapped[float | None]
+
+
+class RunLossCurve(Base):
+    """A run's loss curve as recorded, kept ready to serve: the steps with a loss, thinned to at most
+    db.analysis.STORED_CURVE_POINTS (every stride-th from the first, plus the last), so that /losses reads
+    one row per curve whatever the number of step rows. Arrays are packed little-endian (steps int64,
+    losses float64), which keeps the values bit for bit."""
+
+    __tablename__ = "run_loss_curves"
+
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    num_steps: Mapped[int]  # steps with a loss, before thinning
+    stride: Mapped[int]  # 1: every step is stored
+    steps_i64: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    losses_f64: Mapped[bytes] = mapped_column(sa.LargeBinary)
 
 
 class RunLog(Base):

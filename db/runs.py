@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from core.specs import ERROR_KINDS, RunResult
+from db.analysis import store_loss_curve
 from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunLog, RunSummary, RunTrace, StepMetric, utcnow
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,10 @@ def _store_metrics(session: Session, run_id: int, result: RunResult) -> None:
         rows = [{"run_id": run_id, **s.model_dump()} for s in result.steps]
         session.execute(sa.insert(StepMetric), rows)
     if result.summary is not None:
-        session.execute(sa.insert(RunSummary).values(run_id=run_id, **result.summary.model_dump()))
+        final_loss = result.numerics.final_loss if result.numerics else None  # a column, for the scaling reads
+        session.execute(sa.insert(RunSummary).values(run_id=run_id, final_loss=final_loss,
+                                                     **result.summary.model_dump()))
+    store_loss_curve(session, run_id, [(s.step, s.loss) for s in result.steps if s.loss is not None])
 
 
 def record_result(session: Session, run_id: int, result: RunResult, now: datetime | None = None) -> bool:

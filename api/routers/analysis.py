@@ -3,7 +3,11 @@
 Every endpoint answers If-None-Match with 304 from a one-query fingerprint, before loading any run.
 A full answer is kept in a small per-process LRU keyed by its ETag (which names the fingerprint, the path
 and the query), so a second dashboard asking for an unchanged report gets the stored bytes instead of a
-rebuild (the Amdahl/USL fits dominate a build: ~5 ms per series). SCALEBENCH_REPORT_CACHE=0 turns it off.
+rebuild. A rebuild reads one aggregated row per (series, N) from the database (db.analysis.
+load_scaling_points), not one per run; the summary medians are aggregated again only for points whose
+succeeded runs changed (kept per process, keyed by each point's fingerprint), and only series whose
+measured points changed are refitted (core.scaling keeps fits keyed by those points). So one finished run
+costs one point's aggregation and one series' fits. SCALEBENCH_REPORT_CACHE=0 turns the answer cache off.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
@@ -25,7 +29,7 @@ from api.deps import ReadAuth, SessionDep
 from api.plots import render_scaling_png
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.clusters import Cluster
-from core.scaling import ScalingReport, build_report, to_csv
+from core.scaling import ScalingReport, build_report_from_points, to_csv
 from db import analysis as aq
 from db.analysis import LossCurve
 from db.models import Experiment
@@ -40,6 +44,7 @@ FullSize = Annotated[int | None, Query(ge=1, le=1 << 20, description=(
     "default: the cluster's max devices."))]
 MAX_COMPARE = 8
 REPORT_CACHE_SIZE = int(os.environ.get("SCALEBENCH_REPORT_CACHE", "64"))  # entries per process; 0: off
+POINT_CACHE_SIZE = 100_000  # (series, N) points per process, ~300 bytes each
 NOT_MODIFIED = {304: {"description": "Not Modified: If-None-Match holds the current ETag."}}
 
 
@@ -67,6 +72,45 @@ class _AnswerCache:
         return Response(body, media_type=media_type, headers=headers)
 
 
+class _LruDict(MutableMapping):
+    """A bounded, thread-safe mapping (least recently used out): db.analysis keeps each scaling point's
+    aggregated values in it, keyed by the point's own fingerprint, so entries never go stale either."""
+
+    def __init__(self, size: int):
+        self.size, self._lock, self._items = size, threading.Lock(), OrderedDict()
+
+    def __getitem__(self, key: Any) -> Any:
+        with self._lock:
+            value = self._items[key]
+            self._items.move_to_end(key)
+            return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def __delitem__(self, key: Any) -> None:
+        with self._lock:
+            del self._items[key]
+
+    def __iter__(self):
+        with self._lock:
+            return iter(list(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _point_values(request: Request) -> _LruDict:
+    """The app's cache of aggregated point values (one per app and process; created on first use)."""
+    cache = getattr(request.app.state, "point_values", None)
+    if cache is None:
+        cache = request.app.state.point_values = _LruDict(POINT_CACHE_SIZE)
+    return cache
+
+
 def _cache(request: Request) -> _AnswerCache:
     """The app's cache (one per app and process; created on first use, a benign race)."""
     cache = getattr(request.app.state, "analysis_cache", None)
@@ -90,12 +134,12 @@ def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[
     return {n: clusters[n].max_devices for n in names if n in clusters}
 
 
-def _report(session: Session, experiment_id: int, clusters: dict[str, Cluster], baseline: int | None,
+def _report(request: Request, session: Session, experiment_id: int, baseline: int | None,
             full_size: int | None) -> ScalingReport:
-    points = aq.load_run_points(session, experiment_id)
+    points = aq.load_scaling_points(session, experiment_id, _point_values(request))
     session.close()  # hand the connection back before the CPU-bound build (loaded rows stay usable)
-    sizes = _full_sizes(clusters, full_size, {p.cluster for p in points})
-    return build_report(points, baseline_num_devices=baseline, full_size_by_cluster=sizes)
+    sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points})
+    return build_report_from_points(points, baseline_num_devices=baseline, full_size_by_cluster=sizes)
 
 
 @router.get("/experiments/{experiment_id}/scaling", response_model=ScalingReport,
@@ -112,7 +156,7 @@ def get_scaling(
         return unchanged
 
     def build() -> tuple[str, bytes]:
-        report = _report(session, experiment_id, request.app.state.clusters, baseline_num_devices, full_size)
+        report = _report(request, session, experiment_id, baseline_num_devices, full_size)
         if format == "csv":
             return "text/csv; charset=utf-8", to_csv(report).encode()
         return "application/json", report.model_dump_json().encode()
@@ -138,7 +182,7 @@ def get_scaling_png(
         return unchanged
 
     def build() -> tuple[str, bytes]:
-        report = _report(session, experiment_id, request.app.state.clusters, baseline_num_devices, full_size)
+        report = _report(request, session, experiment_id, baseline_num_devices, full_size)
         return "image/png", render_scaling_png(report, title=f"experiment {exp.id}: {exp.name} ({exp.cluster})")
 
     return _cache(request).answer(headers, build)
@@ -147,7 +191,10 @@ def get_scaling_png(
 class LossesRead(BaseModel):
     experiment_id: int
     max_points: int = Field(description="Each curve holds at most this many points (first and last kept).")
-    curves: list[LossCurve] = Field(description="One curve per succeeded run: steps and losses, thinned.")
+    downsampling: str = Field(aq.DOWNSAMPLING, description="How the curves were thinned.")
+    curves: list[LossCurve] = Field(description=(
+        "One curve per succeeded run: steps and losses, thinned; source 'store' (the curve stored when the run "
+        "was recorded, stored_stride > 1 when that was already thinned) or 'steps' (thinned from step rows)."))
 
 
 @router.get(
@@ -238,12 +285,13 @@ def get_compare(
         )
 
     def build() -> tuple[str, bytes]:
-        points = aq.load_run_points_many(session, ids)
+        points = aq.load_scaling_points_many(session, ids, _point_values(request))
         session.close()  # hand the connection back before the CPU-bound builds
         out = []
         for i in ids:
-            sizes = _full_sizes(request.app.state.clusters, full_size, {p.cluster for p in points[i]})
-            report = build_report(points[i], baseline_num_devices=baseline_num_devices, full_size_by_cluster=sizes)
+            sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points[i]})
+            report = build_report_from_points(points[i], baseline_num_devices=baseline_num_devices,
+                                              full_size_by_cluster=sizes)
             out.append(
                 CompareExperiment(
                     id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source, report=report

@@ -19,12 +19,11 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('runs') as batch:
-        batch.add_column(sa.Column('num_dispatches', sa.Integer(), server_default='0', nullable=False))
-        batch.create_index('ix_runs_queue_status_id', ['queue', 'status', 'id'])
+    # Plain ALTERs: a batch table copy of `runs` on SQLite would cascade-delete its summaries and steps.
+    op.add_column('runs', sa.Column('num_dispatches', sa.Integer(), server_default='0', nullable=False))
+    op.create_index('ix_runs_queue_status_id', 'runs', ['queue', 'status', 'id'])
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('runs') as batch:
-        batch.drop_index('ix_runs_queue_status_id')
-        batch.drop_column('num_dispatches')
+    op.drop_index('ix_runs_queue_status_id', table_name='runs')
+    op.drop_column('runs', 'num_dispatches')  # SQLite >= 3.35 drops a column in place (no table copy)

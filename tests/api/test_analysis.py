@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.specs import RunResult
 from db import analysis as aq
+from db.models import Experiment
 from db.runs import claim_run, mark_failed, record_result
 from db.session import session_scope
 from tests.db.helpers import add_experiment
@@ -283,3 +284,73 @@ def test_fingerprint_reuse_window(client, pg_session_factory, monkeypatch) -> No
     assert client.get(path).json()["counts"]["running"] == 1  # a full answer is always read fresh
     time.sleep(0.6)
     assert client.get(path, headers={"If-None-Match": tag}).status_code == 200
+
+
+def test_served_reports_equal_the_per_run_reports(client, pg_session_factory) -> None:
+    """/scaling (JSON and CSV) and /compare, built from the aggregated points, hold byte for byte what
+    core.scaling.build_report over one RunPoint per run (the previous read) gives."""
+    from api.compare import CompareExperiment, compare
+    from core.scaling import build_report, to_csv
+
+    with session_scope(pg_session_factory) as s:
+        a, _ = add_experiment(s, repeats=3)
+        b, _ = add_experiment(s, precisions=["bf16"])
+    _finish_all(pg_session_factory, a, fail_n=2)
+    _finish_all(pg_session_factory, b)
+    sizes = {"local-cpu": 64}
+    with pg_session_factory() as s:
+        old = {i: build_report(aq.load_run_points(s, i), baseline_num_devices=2, full_size_by_cluster=sizes)
+               for i in (a, b)}
+        names = {i: s.get(Experiment, i) for i in (a, b)}
+    r = client.get(f"/experiments/{a}/scaling?full_size=64&baseline_num_devices=2")
+    assert r.content == old[a].model_dump_json().encode()
+    csv = client.get(f"/experiments/{a}/scaling?format=csv&full_size=64&baseline_num_devices=2")
+    assert csv.text == to_csv(old[a])
+    expected = compare([CompareExperiment(id=i, name=names[i].name, cluster=names[i].cluster,
+                                          source=names[i].source, report=old[i]) for i in (a, b)])
+    got = client.get(f"/compare?experiments={a},{b}&full_size=64&baseline_num_devices=2")
+    assert got.content == expected.model_dump_json().encode()
+
+
+def test_losses_state_their_downsampling(client, pg_session_factory) -> None:
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s, precisions=["bf16"])
+    _finish_all(pg_session_factory, exp_id, num_steps=2500)
+    body = client.get(f"/experiments/{exp_id}/losses?max_points=100").json()
+    assert "k = ceil((n - 1) / (max_points - 1))" in body["downsampling"]
+    assert [(c["source"], c["stored_stride"], c["num_steps"]) for c in body["curves"]] == [("store", 2, 2500)] * 3
+    assert all(len(c["steps"]) <= 100 and c["steps"][0] == 0 and c["steps"][-1] == 2499 for c in body["curves"])
+
+
+def test_an_expired_fingerprint_is_refreshed_by_one_request_at_a_time(monkeypatch) -> None:
+    """While one request refreshes an expired fingerprint, the others answer from the expired one instead
+    of running the same query (no stampede of pollers when it expires)."""
+    import threading
+
+    from api import etag
+
+    calls: list[list[int]] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_fingerprints(session, ids):
+        calls.append(list(ids))
+        entered.set()
+        assert release.wait(10)
+        return {i: f"v{len(calls)}" for i in ids}
+
+    monkeypatch.setattr(etag, "fingerprints", slow_fingerprints)
+    cache = etag.FingerprintCache(ttl_s=0.05)
+    release.set()
+    assert cache.get(None, [1]) == {1: "v1"}
+    release.clear()
+    entered.clear()
+    time.sleep(0.06)  # expired
+    out: list[dict] = []
+    refresher = threading.Thread(target=lambda: out.append(cache.get(None, [1])))
+    refresher.start()
+    assert entered.wait(10)
+    assert cache.get(None, [1]) == {1: "v1"}  # the expired value, served while the other thread refreshes
+    assert calls == [[1], [1]]
+    release.set()
+    refresher.join(10)
+    assert out == [{1: "v2"}] and cache.get(None, [1]) == {1: "v2"} and len(calls) == 2
