@@ -49,12 +49,20 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
     gloo cannot move float8 tensors ("Invalid scalar type"), and rowwise scales do not compose with them.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     if float8_tp:
-        from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel, Float8RowwiseParallel,
-                                                           PrepareFloat8ModuleInput)
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
         colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     else:
         colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput

@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from core.shapes import get_shape
 from core.specs import Numerics, RunResult, RunSpec
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 MAX_GRAD_NORM = 1.0
 DEFAULT_COMM_TIMEOUT_S = 600
+# A/B switch for the GPU bench: apply the clip factor inside the fused AdamW kernel (its grad_scale input)
+# instead of a separate multiply over every gradient (one pass over the fp32 gradients less per step).
+CLIP_IN_FUSED_OPTIMIZER = False
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "constant") -> float:
@@ -40,6 +44,19 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "c
         return 1.0
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def clip_in_optimizer(optimizer: torch.optim.Optimizer, params: list, max_norm: float) -> torch.Tensor:
+    """Gradient clipping folded into a fused AdamW step: returns the total grad norm (as clip_grad_norm_).
+
+    The clip factor min(1, max_norm / (norm + 1e-6)) becomes the optimizer's grad_scale, which the fused kernel
+    divides every gradient by as it loads it (the GradScaler path of fused optimizers): the same update as
+    clip_grad_norm_ then step(), without the separate read-modify-write of all fp32 gradients. Plain (non-DTensor)
+    parameters and fused=True only."""
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+    clip_coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    optimizer.grad_scale = clip_coef.reciprocal()  # read by AdamW.step (getattr(self, "grad_scale", None))
+    return norm
 
 
 def cross_entropy_fp32(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -142,6 +159,9 @@ def _run(spec: RunSpec, state: failures.RunState) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps))
     precompute = spec.precompute_fp8_scales and facts.get("fp8_all_gather", False)
+    params = list(model.parameters())
+    fused = device.type == "cuda"
+    clip_fused = CLIP_IN_FUSED_OPTIMIZER and fused and not any(isinstance(p, DTensor) for p in params)
     amp = autocast_context(spec, device)
     # Compiled, the fp32 upcast fuses into the log-softmax: no fp32 copy of the (tokens, vocab) logits.
     loss_fn = torch.compile(cross_entropy_fp32) if spec.compile else cross_entropy_fp32
@@ -160,7 +180,10 @@ def _run(spec: RunSpec, state: failures.RunState) -> None:
         loss = loss_fn(logits, labels)
         del logits
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        if clip_fused:
+            grad_norm = clip_in_optimizer(optimizer, params, MAX_GRAD_NORM)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()  # DTensor (sharded grads): the reduced total norm
         state.lrs.append(scheduler.get_last_lr()[0])
