@@ -392,13 +392,12 @@ def free_port() -> int:
 
 def plan(recipes: list[str], variants: list[tuple[str, str, list[str]]]) -> list[tuple[str, str, str, list[str]]]:
     """(system, recipe, variant, settings): per recipe TorchTitan and ours, the order flipped every recipe;
-    extra variants of ours (--ours-variant NAME:RECIPE:SETTING,...) after the recipe they belong to."""
+    then the extra variants of ours (--ours-variant NAME:RECIPE:SETTING,...), in the order given."""
     jobs = []
     for i, recipe in enumerate(recipes):
         pair = [("titan", recipe, "", []), ("ours", recipe, "", [])]
         jobs += pair if i % 2 == 0 else pair[::-1]
-        jobs += [("ours", r, name, settings) for name, r, settings in variants if r == recipe]
-    return jobs
+    return jobs + [("ours", r, name, settings) for name, r, settings in variants]
 
 
 def parse_variant(text: str) -> tuple[str, str, list[str]]:

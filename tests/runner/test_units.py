@@ -13,10 +13,16 @@ from core.shapes import get_shape
 from runner.data import Batches, MemmapTokens, SyntheticTokens
 from runner.env import DeviceInfo, device_info_from, expected_fp8_dtypes, peaks_for
 from runner.failures import InvalidConfig, classify, validate
-from runner.fp8 import (MX_RECIPES, apply_float8, float8_config, fp8_dtypes_of_config, fp8_module_filter,
-                        mx_module_filter)
+from runner.fp8 import (
+    MX_RECIPES,
+    apply_float8,
+    float8_config,
+    fp8_dtypes_of_config,
+    fp8_module_filter,
+    mx_module_filter,
+)
 from runner.metrics import summarize
-from runner.train import lr_factor
+from runner.train import clip_in_optimizer, lr_factor
 from tests.runner.conftest import make_spec
 
 
@@ -178,6 +184,28 @@ def test_memmap_tokens(tmp_path, vocab, dtype):
 
 
 # ------------------------------------------------------------------------------ schedule, metrics
+
+
+@pytest.mark.parametrize("scale", [0.01, 30.0])  # norm below max_norm (no clipping) and far above it
+def test_clip_in_fused_adamw_matches_clip_then_step(scale):
+    """Folding the clip factor into fused AdamW's grad_scale gives clip_grad_norm_ + step's parameters."""
+    torch.manual_seed(int.from_bytes(np.random.bytes(4), "little"))
+    a = [torch.nn.Parameter(torch.randn(48, 32)) for _ in range(3)]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    start = [p.detach().clone() for p in a]
+    for p, q in zip(a, b):
+        p.grad = torch.randn_like(p) * scale
+        q.grad = p.grad.clone()
+    opt_a = torch.optim.AdamW(a, lr=1e-2, fused=True)
+    opt_b = torch.optim.AdamW(b, lr=1e-2, fused=True)
+    norm_a = torch.nn.utils.clip_grad_norm_(a, 1.0)
+    opt_a.step()
+    norm_b = clip_in_optimizer(opt_b, b, 1.0)
+    opt_b.step()
+    assert norm_b.item() == pytest.approx(norm_a.item(), rel=1e-6)
+    for p, q, p0 in zip(a, b, start):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+        assert (q.detach() - p0).abs().max() > 1e-4  # the step moved the parameters
 
 
 def test_lr_warmup_then_constant_or_cosine():
