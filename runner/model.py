@@ -15,13 +15,6 @@ from torch import nn
 
 from core.shapes import ModelShape
 
-# Switches for A/B runs of the GPU bench (bench/peer_torchtitan.py --set runner.model.NAME=...); the defaults are
-# what the runner does. GQA_IN_SDPA: let SDPA broadcast the kv heads (enable_gqa, as TorchTitan does) instead of
-# repeat_interleave. RESIDUAL_IN_AUTOCAST_DTYPE: keep the residual stream in bf16 under autocast (False: fp32, as
-# TorchTitan's model has it).
-GQA_IN_SDPA = False
-RESIDUAL_IN_AUTOCAST_DTYPE = True
-
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -73,12 +66,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(bs, seq, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (bs, heads, seq, head_dim)
-        if GQA_IN_SDPA:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_rep > 1)
-        else:
-            k = k.repeat_interleave(self.num_rep, dim=1)
-            v = v.repeat_interleave(self.num_rep, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # flash/efficient kernel on CUDA
+        k = k.repeat_interleave(self.num_rep, dim=1)
+        v = v.repeat_interleave(self.num_rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # flash/efficient kernel on CUDA
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 
@@ -122,7 +112,7 @@ class Llama(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (bs, seq) int64 -> logits (bs, seq, vocab)."""
         h = self.tok_embeddings(tokens)
-        if RESIDUAL_IN_AUTOCAST_DTYPE and torch.is_autocast_enabled(h.device.type):
+        if torch.is_autocast_enabled(h.device.type):
             # Residual stream in the autocast dtype (as FSDP's bf16 params give): torchao's Float8Linear
             # (rowwise_with_gw_hp) multiplies activations with their gradients and needs one dtype.
             h = h.to(torch.get_autocast_dtype(h.device.type))

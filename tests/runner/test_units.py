@@ -22,7 +22,7 @@ from runner.fp8 import (
     mx_module_filter,
 )
 from runner.metrics import summarize
-from runner.train import clip_in_optimizer, lr_factor
+from runner.train import clip_in_optimizer, inductor_settings, lr_factor, run
 from tests.runner.conftest import make_spec
 
 
@@ -206,6 +206,25 @@ def test_clip_in_fused_adamw_matches_clip_then_step(scale):
     for p, q, p0 in zip(a, b, start):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
         assert (q.detach() - p0).abs().max() > 1e-4  # the step moved the parameters
+
+
+def test_rowwise_compiles_with_emulated_precision_casts_for_its_run_only():
+    from torch._inductor import config as inductor_config
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    assert inductor_settings("fp8-rowwise") == {"emulate_precision_casts": True}
+    for precision in ("bf16", "fp8-tensorwise", "fp8-rowwise-gw-hp", "mxfp8-cublas", "fp32"):
+        assert inductor_settings(precision) == {}
+    before = inductor_config.emulate_precision_casts
+    seen = []
+    handle = register_optimizer_step_post_hook(lambda *_: seen.append(inductor_config.emulate_precision_casts))
+    try:
+        for precision in ("fp8-rowwise", "fp8-tensorwise"):
+            assert run(make_spec(precision, "fsdp", 1, steps=2, warmup_steps=1)).status == "succeeded"
+    finally:
+        handle.remove()
+    assert seen == [True, True, before, before]  # set while the rowwise run trains, restored afterwards
+    assert inductor_config.emulate_precision_casts == before
 
 
 def test_lr_warmup_then_constant_or_cosine():
