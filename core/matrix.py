@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.clusters import Cluster
+from core.hardware import unsupported_reason
 from core.shapes import get_shape
-from core.specs import FP8_PRECISIONS, ExperimentSpec, ParallelDegrees, RunSpec, resolve_layout
+from core.specs import FP8_PRECISIONS, MX_PRECISIONS, ExperimentSpec, ParallelDegrees, RunSpec, resolve_layout
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degree
     n = degrees.world_size
     if n > cluster.max_devices:
         return f"N={n} exceeds cluster {cluster.name!r} size ({cluster.max_devices} devices)"
+    device_reason = unsupported_reason(precision, cluster.vendor, cluster.device_name)
+    if device_reason:
+        return device_reason
+    if precision in MX_PRECISIONS and degrees.tp > 1:
+        return f"{precision} runs without tensor parallelism here (tp={degrees.tp})"
     if spec.fp8_all_gather and precision in FP8_PRECISIONS and precision != "fp8-tensorwise":
         return f"fp8_all_gather works only with fp8-tensorwise, not {precision}"
     if spec.fp8_all_gather and precision == "fp8-tensorwise" and degrees.dp_mode not in ("fsdp", "hsdp"):

@@ -30,9 +30,21 @@ from core.shapes import MODEL_NAMES
 SCHEMA_VERSION = 1
 MAX_PROFILE_STEPS = 20  # profiled steps per run: each adds a few MB of trace per rank on a GPU
 
-Precision = Literal["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp32"]
-PRECISIONS: tuple[str, ...] = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp32")
-FP8_PRECISIONS: tuple[str, ...] = ("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")
+Precision = Literal["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8-cublas",
+                    "mxfp8-cublas-floor", "mxfp8-emulated", "fp32"]
+PRECISIONS: tuple[str, ...] = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "mxfp8-cublas",
+                               "mxfp8-cublas-floor", "mxfp8-emulated", "fp32")
+# torchao.float8 recipes (per-tensor or per-row scales; any GPU with float8 tensor cores)
+FLOAT8_PRECISIONS: tuple[str, ...] = ("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")
+# torchao 0.18 MXFP8 training (torchao.prototype.moe_training MXFP8TrainingOpConfig): e4m3 elements with one
+# power-of-two (e8m0) scale per 32 elements. mxfp8-cublas: KernelPreference.AUTO (torchao's cast kernels, the
+# block-scaled cuBLAS GEMM through torch._scaled_mm: MX tensor cores only), RCEIL scales (torchao 0.18's recipe
+# mxfp8_rceil); mxfp8-cublas-floor: the same kernels with FLOOR scales (the OCP MX spec's rounding);
+# mxfp8-emulated: KernelPreference.EMULATED (recipe mxfp8_emulated_rceil: quantize, dequantize, bf16 GEMM), which
+# runs anywhere and is for numerics, not speed.
+MX_PRECISIONS: tuple[str, ...] = ("mxfp8-cublas", "mxfp8-cublas-floor", "mxfp8-emulated")
+# every 8-bit float recipe: compared with bf16 for the speedup, refused for fp8 all-gather unless tensorwise
+FP8_PRECISIONS: tuple[str, ...] = FLOAT8_PRECISIONS + MX_PRECISIONS
 ModelName = Literal["debug", "1b", "8b", "70b", "405b"]
 ScalingMode = Literal["weak", "strong"]
 DpMode = Literal["none", "fsdp", "hsdp", "ddp"]

@@ -14,8 +14,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from core.hardware import unsupported_reason
 from core.shapes import get_shape
-from core.specs import Numerics, RunError, RunResult, RunSpec
+from core.specs import MX_PRECISIONS, Numerics, RunError, RunResult, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,34 @@ def validate(spec: RunSpec, world_size: int) -> None:
                          ("seq_len", spec.seq_len)):
         if value % d.tp:
             problems.append(f"{field}({value}) of model {spec.model} is not divisible by tp({d.tp})")
+    problems += mx_problems(spec)
     if spec.device_type == "cuda":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if not torch.cuda.is_available():
             problems.append("device_type cuda, but torch sees no CUDA/ROCm device")
         elif torch.cuda.device_count() < local_world:
             problems.append(f"{local_world} ranks on this host but only {torch.cuda.device_count()} devices")
+        else:
+            vendor = "amd" if torch.version.hip else "nvidia"
+            reason = unsupported_reason(spec.precision, vendor, torch.cuda.get_device_name())
+            if reason:
+                problems.append(f"precision: {reason}")
     if problems:
         raise InvalidConfig("; ".join(problems))
+
+
+def mx_problems(spec: RunSpec) -> list[str]:
+    """MX recipes scale blocks of 32 along every GEMM's reduction dim, the token dim included (weight grads)."""
+    if spec.precision not in MX_PRECISIONS:
+        return []
+    problems = []
+    tokens = spec.local_batch_size * spec.seq_len
+    if tokens % 32:
+        problems.append(f"precision {spec.precision}: local_batch_size * seq_len ({tokens}) is not divisible by 32")
+    if spec.degrees.tp > 1:
+        problems.append(f"precision {spec.precision}: MX recipes run without tensor parallelism here "
+                        f"(tp({spec.degrees.tp}) > 1)")
+    return problems
 
 
 def classify(exc: BaseException) -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from core.hardware import find_peak, fp8_dtype_names, peak_tflops
+from core.hardware import find_peak, fp8_dtype_names, peak_tflops, unsupported_reason
 from core.shapes import SHAPES, get_shape
 
 
@@ -15,6 +15,35 @@ from core.shapes import SHAPES, get_shape
 def test_known_peaks(name, arch, bf16, fp8):
     assert peak_tflops(name, "bf16", arch) == (bf16, bf16)
     assert peak_tflops(name, "fp8-rowwise", arch) == (bf16, fp8)
+
+
+@pytest.mark.parametrize("name,arch,mx", [
+    ("NVIDIA B200", None, 4500), ("NVIDIA GB200", None, 5000), ("AMD Instinct MI355X", None, 5000),
+    ("", "gfx950", 5000), ("NVIDIA H200", None, None), ("AMD Instinct MI300X", "gfx942", None),
+])
+def test_mx_peaks_only_where_mx_tensor_cores_exist(name, arch, mx):
+    bf16 = find_peak(name, arch).bf16_tflops
+    assert peak_tflops(name, "mxfp8-cublas", arch) == (bf16, mx)
+    assert peak_tflops(name, "mxfp8-cublas-floor", arch) == (bf16, mx)
+    assert peak_tflops(name, "mxfp8-emulated", arch) == (bf16, bf16)  # its GEMMs run in bf16
+
+
+def test_gb200_is_not_read_as_b200():
+    assert peak_tflops("NVIDIA GB200", "bf16") == (2500, 2500)
+    assert peak_tflops("NVIDIA GB200", "fp8-tensorwise") == (2500, 5000)
+
+
+def test_which_devices_run_which_recipe():
+    reason = unsupported_reason("mxfp8-cublas", "nvidia", "NVIDIA H200")
+    assert "MX tensor cores" in reason and "H200" in reason
+    assert "MX tensor cores" in unsupported_reason("mxfp8-cublas-floor", "amd", "AMD Instinct MI300X")
+    assert "not in the device table" in unsupported_reason("mxfp8-cublas", "nvidia", "NVIDIA A10G")
+    for vendor, name in (("nvidia", "NVIDIA B200"), ("nvidia", "NVIDIA GB200"), ("amd", "AMD Instinct MI355X")):
+        assert unsupported_reason("mxfp8-cublas", vendor, name) is None
+    assert unsupported_reason("mxfp8-emulated", "nvidia", "NVIDIA H200") is None
+    assert unsupported_reason("mxfp8-cublas", "cpu", "cpu (gloo ranks)") is None  # emulated on CPU
+    for precision in ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"):
+        assert unsupported_reason(precision, "nvidia", "NVIDIA H200") is None
 
 
 @pytest.mark.parametrize("name", ["cpu", "NVIDIA A10G", "NVIDIA H100 PCIe", "AMD Radeon"])

@@ -45,6 +45,24 @@ def test_skips_carry_reasons():
     assert all(r.precision == "fp8-tensorwise" and r.fp8_all_gather for r in runs)
 
 
+def test_mx_points_skipped_where_the_device_has_no_mx_tensor_cores():
+    mx = ["bf16", "mxfp8-cublas", "mxfp8-cublas-floor", "mxfp8-emulated"]
+    runs, skipped = expand(spec(precisions=mx, gpu_counts=[8]), GPU)
+    assert {r.precision for r in runs} == {"bf16", "mxfp8-emulated"}
+    reasons = {(s.precision, s.layout): s.reason for s in skipped}
+    assert "MX tensor cores" in reasons[("mxfp8-cublas", "fsdp")] and "H200" in reasons[("mxfp8-cublas", "fsdp")]
+    assert ("mxfp8-cublas-floor", "fsdp") in reasons
+    # on B200 every MX recipe runs, except under tensor parallelism
+    b200 = Cluster(name="b200-pod", vendor="nvidia", device_name="NVIDIA B200", gpus_per_node=8, max_nodes=4)
+    runs, skipped = expand(spec(cluster="b200-pod", precisions=mx, gpu_counts=[8]), b200)
+    assert {(r.precision, r.layout) for r in runs} == {(p, "fsdp") for p in mx} | {("bf16", "tp=2+fsdp")}
+    assert {s.precision for s in skipped} == set(mx) - {"bf16"}
+    assert all("tensor parallelism" in s.reason for s in skipped)
+    # CPU clusters run every recipe emulated
+    cpu_runs, cpu_skipped = expand(ExperimentSpec(name="e", model="debug", gpu_counts=[1], precisions=mx), LOCAL_CPU)
+    assert {r.precision for r in cpu_runs} == set(mx) and cpu_skipped == []
+
+
 def test_model_dims_not_divisible_by_tp():
     with pytest.raises(MatrixError) as info:
         expand(spec(model="debug", layouts=["tp=16+fsdp"], gpu_counts=[16], seq_len=128), GPU)
