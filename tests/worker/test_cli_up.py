@@ -35,7 +35,8 @@ def test_problem_details_are_shown_field_by_field(client) -> None:
     text = format_problem(response)
     assert text.startswith("HTTP 422")
     assert "  gpu_counts[0]: " in text
-    assert "precisions[0]: " in text and "(allowed: bf16, fp8-tensorwise, fp8-rowwise, fp8-rowwise-gw-hp, fp32)" in text
+    assert "precisions[0]: " in text and ("(allowed: bf16, fp8-tensorwise, fp8-rowwise, fp8-rowwise-gw-hp, "
+                                          "mxfp8-cublas, mxfp8-cublas-floor, mxfp8-emulated, fp32)") in text
     assert "layouts: layout 'bad' is not one of" in text
 
 
