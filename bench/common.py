@@ -53,18 +53,23 @@ def start_uvicorn(url: str, broker_url: str, clusters_file: str, port: int, work
            "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log",
            "--backlog", "2048", *HEALTHCHECK]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
+    return wait_until_serving(proc, f"http://127.0.0.1:{port}{ready_path}", timeout_s, "uvicorn")
+
+
+def wait_until_serving(proc: subprocess.Popen, url: str, timeout_s: float, what: str) -> subprocess.Popen:
+    """Poll `url` until it answers 200 (returns proc), the process exits, or timeout_s passes (terminated)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"uvicorn exited with {proc.returncode}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
         time.sleep(0.2)
     proc.terminate()
-    raise RuntimeError(f"uvicorn did not become ready within {timeout_s:.0f} s")
+    raise RuntimeError(f"{what} did not answer {url} within {timeout_s:.0f} s")
 
 
 def versions() -> str:

@@ -265,10 +265,9 @@ def export_runs(url: str, experiment_id: int) -> list[dict]:
 
 
 def start_mlflow(python: Path, port: int, workers: int, artifacts: str) -> subprocess.Popen:
-    import httpx
     import sqlalchemy as sa
 
-    from bench.common import HEALTHCHECK, PG_ADMIN
+    from bench.common import HEALTHCHECK, PG_ADMIN, wait_until_serving
 
     admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -284,18 +283,8 @@ def start_mlflow(python: Path, port: int, workers: int, artifacts: str) -> subpr
     env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(Path(artifacts) / "server.log", "w") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {proc.returncode}; see {artifacts}/server.log")
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError("mlflow server did not answer /health within 300 s")
+    return wait_until_serving(proc, f"http://127.0.0.1:{port}/health", 300,
+                              f"mlflow server (log {artifacts}/server.log)")
 
 
 def _ratio(a: float | None, b: float | None) -> str:
