@@ -390,12 +390,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def plan(recipes: list[str], variants: list[tuple[str, str, list[str]]]) -> list[tuple[str, str, str, list[str]]]:
-    """(system, recipe, variant, settings): per recipe TorchTitan and ours, the order flipped every recipe;
-    then the extra variants of ours (--ours-variant NAME:RECIPE:SETTING,...), in the order given."""
+def plan(recipes: list[str], variants: list[tuple[str, str, list[str]]],
+         systems: tuple[str, ...] = ("titan", "ours")) -> list[tuple[str, str, str, list[str]]]:
+    """(system, recipe, variant, settings): per recipe TorchTitan and ours (those of `systems`), the order flipped
+    every recipe; then the extra variants of ours (--ours-variant NAME:RECIPE:SETTING,...), in the order given."""
     jobs = []
-    for i, recipe in enumerate(recipes):
-        pair = [("titan", recipe, "", []), ("ours", recipe, "", [])]
+    for i, recipe in enumerate(r for r in recipes if r):
+        pair = [(s, recipe, "", []) for s in ("titan", "ours") if s in systems]
         jobs += pair if i % 2 == 0 else pair[::-1]
     return jobs + [("ours", r, name, settings) for name, r, settings in variants]
 
@@ -419,7 +420,7 @@ def run_job(args, job, log, deadline: float) -> dict:
            "--variant", variant, "--result", str(result), "--work", args.work, "--model", args.model,
            "--layers", str(args.layers), "--seq-len", str(args.seq_len), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--titan-log-freq", str(args.titan_log_freq),
-           "--loss-steps", str(args.loss_steps if system == "ours" and not variant else 0),
+           "--loss-steps", str(args.loss_steps if system == "ours" and (args.variant_loss or not variant) else 0),
            "--loss-layers", str(args.loss_layers), "--compile" if args.compile else "--no-compile"]
     profiled = recipe in args.profile.split(",") and not variant
     cmd += ["--profile-steps", str(args.profile_steps if profiled else 0)]
@@ -457,14 +458,14 @@ def tokens_per_sec(rec: dict, seq_len: int) -> float | None:
     return seq_len / (rec["step_ms_median"] / 1000) if rec.get("ok") and rec.get("step_ms_median") else None
 
 
-def loss_gap_rows(records: list[dict]) -> dict[str, float]:
-    """Mean loss over the last 50 steps of each recipe's loss check (ours)."""
+def loss_gap_rows(records: list[dict]) -> dict[tuple[str, str], float]:
+    """Mean loss over the last 50 steps of each (recipe, variant)'s loss check (ours)."""
     means = {}
     for r in records:
         lc = r.get("loss_check")
         if r.get("ok") and lc:
             tail = lc["losses"][-50:]
-            means[r["recipe"]] = sum(tail) / len(tail)
+            means[(r["recipe"], r.get("variant", ""))] = sum(tail) / len(tail)
     return means
 
 
@@ -501,8 +502,8 @@ def table(records: list[dict], args, elapsed_s: float) -> str:
     for recipe, variant in keys:
         t, o = get("titan", recipe) if not variant else {}, get("ours", recipe, variant)
         tt, to = tokens_per_sec(t, args.seq_len), tokens_per_sec(o, args.seq_len)
-        loss = losses.get(recipe) if not variant else None
-        gap = (loss - losses["bf16"]) / losses["bf16"] if loss is not None and losses.get("bf16") else None
+        loss, ref = losses.get((recipe, variant)), losses.get(("bf16", ""))
+        gap = (loss - ref) / ref if loss is not None and ref else None
         name = recipe + (f" [{variant}]" if variant else "")
         lines.append(
             f"{name:<22} {f(tt, '{:,.0f}'):>11} {f(to, '{:,.0f}'):>10} "
@@ -512,6 +513,9 @@ def table(records: list[dict], args, elapsed_s: float) -> str:
             f"{f(t.get('peak_alloc_gib'), '{:.1f}'):>9} {f(o.get('peak_alloc_gib'), '{:.1f}'):>8} "
             f"{str(t.get('num_float8_linears', '-')) + '/' + str(o.get('num_float8_linears', '-')):>11} "
             f"{f(loss, '{:.4f}'):>8} {f(gap, '{:+.2%}'):>7}")
+        ob = tokens_per_sec(get("ours", recipe), args.seq_len) if variant else None
+        if ob and to:
+            lines[-1] += f"   (x ours {recipe}: {to / ob:.3f})"
         for r, who in ((t, "titan"), (o, "ours")):
             if r and not r.get("ok"):
                 lines.append(f"    {who} {name}: {r.get('error', '')[:300]}")
@@ -546,8 +550,10 @@ def orchestrate(args) -> int:
 
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
-    make_assets(Path(args.work) / "assets")  # once, before the workers
-    jobs = plan(args.recipes.split(","), [parse_variant(v) for v in args.variant_spec])
+    if "titan" in args.systems.split(","):
+        make_assets(Path(args.work) / "assets")  # once, before the workers
+    jobs = plan(args.recipes.split(","), [parse_variant(v) for v in args.variant_spec],
+                tuple(args.systems.split(",")))
     records = []
     with (out / "peer_logs.txt").open("a") as log:
         for job in jobs:
@@ -581,6 +587,8 @@ def main() -> int:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--ours-variant", dest="variant_spec", action="append", default=[],
                     help="an extra run of ours: NAME:RECIPE:SETTING[,SETTING] (settings as in --set)")
+    ap.add_argument("--systems", default="titan,ours", help="which systems run the base recipes")
+    ap.add_argument("--variant-loss", action="store_true", help="the --ours-variant runs get the loss check too")
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no job after this many seconds")
     ap.add_argument("--job-timeout-s", type=float, default=240.0)
     ap.add_argument("--min-job-s", type=float, default=45.0, help="skip a job with less time than this left")

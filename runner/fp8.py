@@ -71,11 +71,16 @@ def float8_config(precision: str, *, emulate: bool, fp8_all_gather: bool):
                      f"{', '.join(TORCHAO_RECIPES)}")
 
 
+# The output layer (the vocab projection) stays in bf16, as TorchTitan's Llama-3 configs filter it. A switch for the
+# GPU bench's A/B runs (what converting it would give, and at what loss).
+CONVERT_OUTPUT_LAYER = False
+
+
 def fp8_module_filter(module: nn.Module, fqn: str) -> bool:
     """Convert a Linear unless it is the output layer or a dim is not divisible by 16 (fp8 GEMM tiles)."""
     if not isinstance(module, nn.Linear):
         return False
-    if fqn == "output" or fqn.endswith(".output"):
+    if (fqn == "output" or fqn.endswith(".output")) and not CONVERT_OUTPUT_LAYER:
         return False  # the vocab projection: precision-sensitive and kept in bf16 (torchtitan does too)
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 

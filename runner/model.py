@@ -15,6 +15,11 @@ from torch import nn
 
 from core.shapes import ModelShape
 
+# GQA inside SDPA (enable_gqa: the kernel reads each kv head for its query heads) instead of repeating k and v to
+# the query head count first (a copy of both in the forward, a reduction of their gradients in the backward, and
+# the repeated tensors saved for the backward). TorchTitan does the same. A switch for the GPU bench's A/B runs.
+SDPA_GQA = True
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -66,9 +71,12 @@ class Attention(nn.Module):
         v = self.wv(x).view(bs, seq, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (bs, heads, seq, head_dim)
-        k = k.repeat_interleave(self.num_rep, dim=1)
-        v = v.repeat_interleave(self.num_rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # flash/efficient kernel on CUDA
+        gqa = self.num_rep > 1
+        if gqa and not SDPA_GQA:
+            k = k.repeat_interleave(self.num_rep, dim=1)
+            v = v.repeat_interleave(self.num_rep, dim=1)
+        # cuDNN/flash kernel on CUDA
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa and SDPA_GQA)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 
