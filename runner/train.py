@@ -14,7 +14,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch._inductor.config as inductor_config
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
@@ -140,6 +139,14 @@ def inductor_settings(precision: str) -> dict:
     return {"emulate_precision_casts": True} if precision == "fp8-rowwise" else {}
 
 
+def _inductor_patch(settings: dict):
+    if not settings:
+        return contextlib.nullcontext()  # inductor's config module imports dynamo: ~0.5 s of a CPU rank's start
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(settings)
+
+
 def run(spec: RunSpec, trace_dir: Path | None = None) -> RunResult:
     """Train one RunSpec and return its RunResult (every rank returns one; rank 0's is authoritative).
     trace_dir: where each rank writes its profiler trace when spec.profile_steps > 0."""
@@ -148,7 +155,7 @@ def run(spec: RunSpec, trace_dir: Path | None = None) -> RunResult:
         failures.validate(spec, world_size_from_env())  # invalid_config: before any device work
         device, created = init_distributed(spec.device_type)
         state.device, state.created_group = device, created
-        with inductor_config.patch(inductor_settings(spec.precision)):  # restored after the run
+        with _inductor_patch(inductor_settings(spec.precision)):  # restored after the run
             _run(spec, state, trace_dir)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
         return failures.failed_result(spec, state, exc)

@@ -34,6 +34,7 @@ TASK_EXECUTE_RUN = "scalebench.execute_run"
 DEFAULT_QUEUE = "local-cpu"
 MAX_RUN_S = 7 * 24 * 3600  # ExperimentSpec.timeout_s upper bound
 VISIBILITY_TIMEOUT_S = MAX_RUN_S + 6 * 3600  # longest run + margin for queueing on Slurm and cleanup
+FILESYSTEM_POLL_S = 0.2  # how often a worker on the filesystem broker looks for a message
 TASK_SOFT_TIME_LIMIT_S = MAX_RUN_S + 3600  # the launcher enforces the run's own timeout_s first
 TASK_TIME_LIMIT_S = MAX_RUN_S + 2 * 3600
 BROKER_CONNECT_TIMEOUT_S = 3.0  # a down broker must fail a publish fast (the dispatcher retries later)
@@ -57,6 +58,8 @@ def _transport(settings: Settings) -> tuple[str, dict]:
             "data_folder_in": str(dirs["queue"]), "data_folder_out": str(dirs["queue"]),
             "control_folder": str(dirs["control"]), "processed_folder": str(dirs["processed"]),
             "store_processed": False, "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            # kombu polls the folder once a second by default: up to a second idle between two runs
+            "polling_interval": FILESYSTEM_POLL_S,
         }
     return settings.broker_url, {
         "visibility_timeout": VISIBILITY_TIMEOUT_S,
