@@ -119,12 +119,17 @@ def _cache(request: Request) -> _AnswerCache:
     return cache
 
 
-def _fresh(request: Request, session: Session, experiment_id: int) -> tuple[dict, Response | None, Experiment | None]:
+def _fresh(request: Request, session: Session, experiment_id: int,
+           load: bool = True) -> tuple[dict, Response | None, Experiment | None]:
     """(ETag headers, a 304 when the client's copy is current, else the experiment or a 404 problem).
-    The ETag is checked first: a poll of an unchanged experiment costs one small query."""
+    The ETag is checked first: a poll of an unchanged experiment costs one small query. With load=False the
+    experiment row is not read when an ETag exists (there is one only for an existing experiment), so that an
+    answer from the answer cache costs no query beyond the fingerprint."""
     headers, unchanged = etag.check(request, session, [experiment_id])
     if unchanged:
         return headers, unchanged, None
+    if headers and not load:
+        return headers, None, None
     return headers, None, found(session.get(Experiment, experiment_id), "experiment", experiment_id)
 
 
@@ -151,7 +156,7 @@ def get_scaling(
     baseline_num_devices: Baseline = None, full_size: FullSize = None,
     format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
 ) -> Any:
-    headers, unchanged, _ = _fresh(request, session, experiment_id)
+    headers, unchanged, _ = _fresh(request, session, experiment_id, load=False)
     if unchanged:
         return unchanged
 
@@ -211,7 +216,7 @@ def get_losses(
     num_devices: Annotated[int | None, Query(ge=1, le=65536, description="Only curves at this N.")] = None,
     max_points: Annotated[int, Query(ge=2, le=2000, description="Points per curve at most.")] = 200,
 ) -> Any:
-    headers, unchanged, _ = _fresh(request, session, experiment_id)
+    headers, unchanged, _ = _fresh(request, session, experiment_id, load=False)
     if unchanged:
         return unchanged
 
