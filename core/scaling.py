@@ -177,18 +177,12 @@ def _usable_throughput(r: RunPoint) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class PointRuns:
-    """What one point (series, N) needs from its runs: counts, run ids, and medians over the succeeded runs
-    that have a throughput (None values left out). `aggregate_points` builds them from RunPoints; the
-    database builds the same records with GROUP BY (db.analysis), so a report never needs one row per run."""
+class PointValues:
+    """The part of a point that comes from its succeeded runs' summaries: how many have a usable throughput, and
+    the min, max and medians of their values (None values left out)."""
 
-    key: SeriesKey
-    num_devices: int
-    num_succeeded: int
-    num_failed: int
-    num_pending: int
-    run_ids: tuple[str, ...]  # in run order
-    imported: bool  # any run of the point was imported
+    num_succeeded: int = 0
+    num_invalid: int = 0  # succeeded runs whose stored throughput is not finite and positive (counted as failed)
     tokens_per_sec: float | None = None  # X(N), median
     tokens_per_sec_min: float | None = None
     tokens_per_sec_max: float | None = None
@@ -197,7 +191,20 @@ class PointRuns:
     mfu_vs_precision_peak: float | None = None
     peak_memory_allocated_gib: float | None = None
     final_loss: float | None = None
-    num_invalid: int = 0  # succeeded runs whose stored throughput is not finite and positive (counted as failed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PointRuns(PointValues):
+    """What one point (series, N) needs from its runs: counts, run ids, and its PointValues. `aggregate_points`
+    builds them from RunPoints; the database builds the same records with GROUP BY (db.analysis), so a report
+    never needs one row per run."""
+
+    key: SeriesKey
+    num_devices: int
+    num_failed: int
+    num_pending: int
+    run_ids: tuple[str, ...]  # in run order
+    imported: bool  # any run of the point was imported
 
 
 def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> PointRuns:

@@ -13,6 +13,7 @@ step_metrics for a run recorded since loss curves are stored (record_result stor
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 from array import array
@@ -25,7 +26,7 @@ from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 
-from core.scaling import PointRuns, RunPoint, SeriesKey, aggregate_points
+from core.scaling import PointRuns, PointValues, RunPoint, SeriesKey, aggregate_points
 from db.models import Experiment, Run, RunLossCurve, RunSummary, StepMetric
 
 # Cancelled runs are left out of the curves: the point they belonged to shows as missing (nothing was
@@ -93,23 +94,6 @@ def load_run_points(session: Session, experiment_id: int) -> list[RunPoint]:
 # ------------------------------------------------------------------------------------ scaling points
 
 _POINT = (Run.model, Run.num_layers, Run.precision, Run.layout, Run.scaling, Run.cluster, Run.num_devices)
-
-
-@dataclass(frozen=True, slots=True)
-class PointValues:
-    """The part of a point that comes from its succeeded runs' summaries: how many have a throughput, and
-    the min, max and medians of their values (core.scaling.PointRuns' fields of the same names)."""
-
-    num_succeeded: int = 0
-    num_invalid: int = 0  # succeeded runs whose throughput is not finite and positive
-    tokens_per_sec: float | None = None
-    tokens_per_sec_min: float | None = None
-    tokens_per_sec_max: float | None = None
-    step_ms_median: float | None = None
-    mfu_vs_bf16_peak: float | None = None
-    mfu_vs_precision_peak: float | None = None
-    peak_memory_allocated_gib: float | None = None
-    final_loss: float | None = None
 
 
 NO_VALUES = PointValues()
@@ -231,13 +215,9 @@ def _point_runs(row: sa.Row, v: PointValues, keys: dict[tuple, SeriesKey]) -> Po
     key = keys.get(raw) or keys.setdefault(raw, SeriesKey(
         model=model, num_layers=num_layers, precision=precision, layout=layout, scaling=scaling, cluster=cluster))
     num_failed += v.num_invalid  # a succeeded run with an unusable stored throughput measured nothing
-    return PointRuns(
-        key=key, num_devices=n, num_succeeded=v.num_succeeded, num_failed=num_failed, num_invalid=v.num_invalid,
-        num_pending=num_runs - v.num_succeeded - num_failed, run_ids=tuple(map(str, run_ids)), imported=imported,
-        tokens_per_sec=v.tokens_per_sec, tokens_per_sec_min=v.tokens_per_sec_min,
-        tokens_per_sec_max=v.tokens_per_sec_max, step_ms_median=v.step_ms_median,
-        mfu_vs_bf16_peak=v.mfu_vs_bf16_peak, mfu_vs_precision_peak=v.mfu_vs_precision_peak,
-        peak_memory_allocated_gib=v.peak_memory_allocated_gib, final_loss=v.final_loss)
+    values = {f.name: getattr(v, f.name) for f in dataclasses.fields(PointValues)}
+    return PointRuns(key=key, num_devices=n, num_failed=num_failed, num_pending=num_runs - v.num_succeeded - num_failed,
+                     run_ids=tuple(map(str, run_ids)), imported=imported, **values)
 
 
 def load_scaling_points(session: Session, experiment_id: int,
