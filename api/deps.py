@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from celery import Celery
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -23,6 +23,11 @@ from db.tokens import verify_token
 
 
 READ_METHODS = ("GET", "HEAD")
+
+# Path parameters and responses shared by the routers.
+ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
+RunId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Run id.")]
+NOT_MODIFIED = {304: {"description": "Not Modified: If-None-Match holds the current ETag."}}
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:

@@ -19,13 +19,13 @@ from collections.abc import Callable, MutableMapping
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
 from api import etag
 from api.compare import CompareExperiment, CompareRead, compare
-from api.deps import ReadAuth, SessionDep
+from api.deps import NOT_MODIFIED, ExperimentId, ReadAuth, SessionDep
 from api.plots import render_scaling_png
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.clusters import Cluster
@@ -35,7 +35,6 @@ from db.analysis import LossCurve
 from db.models import Experiment
 
 router = APIRouter(tags=["analysis"])
-ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
 Baseline = Annotated[int | None, Query(ge=1, le=65536, description=(
     "N0 for scaling efficiency E(N) = X(N) / (X(N0) N / N0), e.g. 8 for one node; "
     "default: each series' smallest measured N."))]
@@ -45,7 +44,6 @@ FullSize = Annotated[int | None, Query(ge=1, le=1 << 20, description=(
 MAX_COMPARE = 8
 REPORT_CACHE_SIZE = int(os.environ.get("SCALEBENCH_REPORT_CACHE", "64"))  # entries per process; 0: off
 POINT_CACHE_SIZE = 100_000  # (series, N) points per process, ~300 bytes each
-NOT_MODIFIED = {304: {"description": "Not Modified: If-None-Match holds the current ETag."}}
 
 
 class _AnswerCache:

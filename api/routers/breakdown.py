@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from api import etag
-from api.deps import ReadAuth, SessionDep
+from api.deps import ExperimentId, ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, found
 from core.breakdown import Breakdown, ExperimentBreakdown, breakdown_csv, experiment_breakdown
 from db import experiments as eq
 from db import runs as rq
 
 router = APIRouter(tags=["analysis"])
-ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
 
 
 @router.get("/experiments/{experiment_id}/breakdown", response_model=ExperimentBreakdown,

@@ -6,12 +6,12 @@ import hashlib
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api import etag
-from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
+from api.deps import CeleryDep, ClustersDep, ExperimentId, ReadAuth, SessionDep, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
 from api.schemas import (
@@ -39,7 +39,6 @@ router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=Guar
 
 MAX_RUNS_PER_EXPERIMENT = 4096
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
-ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
 EXAMPLE = ExperimentSpec.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
 BROKER_DOWN_NOTE = "runs stay queued; the dispatcher publishes them when the broker answers again"
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from api import etag
-from api.deps import ClustersDep, ReadAuth, SessionDep
+from api.deps import NOT_MODIFIED, ClustersDep, ExperimentId, ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, found
 from api.projection_schemas import (
     PlanRead,
@@ -33,11 +33,9 @@ from db import projection as pq
 from db.models import Experiment
 
 router = APIRouter(tags=["analysis"])
-ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
 ClusterName = Annotated[str | None, Query(max_length=100, description=(
     "Configured cluster whose network to project onto (GET /clusters); default: the experiment's own."))]
 NODE_SIZE_ASSUMED = 8  # GPUs per node of every platform in core.network.PLATFORMS
-NOT_MODIFIED = {304: {"description": "Not Modified: If-None-Match holds the current ETag."}}
 
 
 def _usable(clusters: dict[str, Cluster]) -> list[str]:

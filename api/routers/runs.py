@@ -7,11 +7,11 @@ import zlib
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from api import etag
-from api.deps import ReadAuth, ReaderAuth, SessionDep
+from api.deps import ExperimentId, ReadAuth, ReaderAuth, RunId, SessionDep
 from api.problems import PROBLEM_RESPONSES, ProblemError, found
 from api.schemas import (
     RunDetail,
@@ -30,8 +30,6 @@ from db import runs as rq
 from db.models import Run
 
 router = APIRouter(tags=["runs"])
-RunId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Run id.")]
-ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
 
 
 @router.get("/experiments/{experiment_id}/runs", response_model=RunPage, responses=PROBLEM_RESPONSES,
