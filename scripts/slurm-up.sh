@@ -33,7 +33,7 @@ if ! getent hosts "$host" >/dev/null; then
   say "adding '127.0.0.1 $host' to /etc/hosts (the node name must resolve)"
   echo "127.0.0.1 $host" >>/etc/hosts
 fi
-cpus=$(nproc)
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc alone would honour OMP_NUM_THREADS
 mem_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
 
 # ------------------------------------------------------------------------------------------- packages
