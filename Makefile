@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 TEST_DB ?= scalebench_test
+# pytest-xdist processes for `make test`; worker N > 0 uses the database $(TEST_DB)_N (tests/conftest.py)
+TEST_WORKERS ?= 3
 export TEST_DATABASE_URL ?= postgresql+psycopg://root@127.0.0.1:5432/$(TEST_DB)
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
@@ -31,13 +33,14 @@ services:
 
 testdb: venv services
 	bash scripts/fresh-test-db.sh "$(TEST_DB)"
+	for n in $$(seq 1 $$(($(TEST_WORKERS) - 1))); do bash scripts/fresh-test-db.sh "$(TEST_DB)_$$n"; done
 
 lint: venv
 	$(BIN)/ruff check .
 
 test: venv services testdb
 	bash scripts/test-deps.sh
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

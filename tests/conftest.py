@@ -2,6 +2,8 @@
 
 Services: TEST_DATABASE_URL (default postgresql+psycopg://root@127.0.0.1:5432/scalebench_test, a database
 built by `make testdb` = `alembic upgrade head`) and TEST_REDIS_URL (default redis://127.0.0.1:6379/15).
+Under pytest-xdist (`make test`: TEST_WORKERS processes) worker N > 0 uses `<database>_<N>` and Redis
+database 15 - N instead (for_worker), so the processes never share a table or a queue.
 
 Fixtures
   pg_url               the test database URL (session)
@@ -39,9 +41,54 @@ from db.session import make_engine, make_session_factory, session_scope
 from db.tables import Base
 
 REPO = Path(__file__).resolve().parents[1]
-TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL",
-                                   "postgresql+psycopg://root@127.0.0.1:5432/scalebench_test")
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+def worker_index() -> int:
+    """0 without pytest-xdist, else N of its worker gwN (`make test` runs the suite in TEST_WORKERS processes)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
+def for_worker(database_url: str, redis_url: str, index: int) -> tuple[str, str]:
+    """Worker N > 0 gets its own database (`<name>_<N>`, built by `make testdb`) and the Redis database N below
+    the given one, so that one worker's TRUNCATE or FLUSHDB never touches another's."""
+    if index == 0:
+        return database_url, redis_url
+    db_url = sa.engine.make_url(database_url)
+    db_url = db_url.set(database=f"{db_url.database}_{index}").render_as_string(hide_password=False)
+    redis_base, _, redis_db = redis_url.rpartition("/")
+    return db_url, f"{redis_base}/{int(redis_db or 0) - index}"
+
+
+TEST_DATABASE_URL, TEST_REDIS_URL = for_worker(
+    os.environ.get("TEST_DATABASE_URL", "postgresql+psycopg://root@127.0.0.1:5432/scalebench_test"),
+    os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"), worker_index())
+
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # Two pytest processes on a 2-core machine: torch's intra-op threads (the in-process runner tests, and the
+    # processes the tests start, which inherit this) would only contend with the other worker's.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with slow tests first (a stable sort, each module's order kept): under pytest-xdist the long
+    modules start at once and the short ones fill in behind them."""
+    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` under pytest-xdist: a module's tests stay on one worker (its module-scoped fixtures, such as
+    tests/runner/test_breakdown.py's three runs, are built once), and so do all of tests/slurm (one Slurm
+    cluster: two workers' jobs would queue behind each other)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/slurm" if path.startswith("tests/slurm/") else path
+
+    config.option.loadscopereorder = False  # xdist would start the modules with most tests first; keep ours
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")

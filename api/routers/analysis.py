@@ -26,7 +26,6 @@ from sqlalchemy.orm import Session
 from api import etag
 from api.compare import CompareExperiment, CompareRead, compare
 from api.deps import NOT_MODIFIED, ExperimentId, ReadAuth, SessionDep
-from api.plots import render_scaling_png
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.clusters import Cluster
 from core.scaling import ScalingReport, build_report_from_points, to_csv
@@ -185,6 +184,8 @@ def get_scaling_png(
         return unchanged
 
     def build() -> tuple[str, bytes]:
+        from api.plots import render_scaling_png  # matplotlib: imported by the first picture, not at start-up
+
         report = _report(request, session, experiment_id, baseline_num_devices, full_size)
         return "image/png", render_scaling_png(report, title=f"experiment {exp.id}: {exp.name} ({exp.cluster})")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,14 @@ def launcher(slurm_up) -> SlurmLauncher:
     return SlurmLauncher(CLUSTER, query_interval_s=1.0)
 
 
-def wait_until(launcher: SlurmLauncher, handle, states: set[str], timeout_s: float) -> LaunchOutcome:
-    """Polls until the outcome's state is one of `states` (or the run ended); fails with the log on timeout."""
+def wait_until(launcher: SlurmLauncher, handle, states: set[str], timeout_s: float,
+               each_poll: Callable[[], None] | None = None) -> LaunchOutcome:
+    """Polls until the outcome's state is one of `states` (or the run ended); fails with the log on timeout.
+    `each_poll` runs before every poll."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if each_poll is not None:
+            each_poll()
         out = launcher.poll(handle)
         if out.state in states or out.state not in ("pending", "running"):
             return out
