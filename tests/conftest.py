@@ -64,8 +64,8 @@ TEST_DATABASE_URL, TEST_REDIS_URL = for_worker(
 
 
 if "PYTEST_XDIST_WORKER" in os.environ:
-    # Two pytest processes on a 2-core machine: torch's intra-op threads (the in-process runner tests, and the
-    # processes the tests start, which inherit this) would only contend with the other worker's.
+    # Several pytest processes on a 2-core machine: torch's intra-op threads (the in-process runner tests, and the
+    # processes the tests start, which inherit this) would only contend with the other workers'.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
