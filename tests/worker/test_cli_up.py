@@ -81,7 +81,7 @@ def test_up_runs_an_experiment_end_to_end_and_stops_cleanly(tmp_path: Path) -> N
         assert len(children) == 3  # api, worker, scheduler
 
         spec = tmp_path / "spec.yaml"
-        spec.write_text(yaml.safe_dump({"name": "up test", "precisions": ["bf16"], "gpu_counts": [1], **TINY}))
+        spec.write_text(yaml.safe_dump({"name": "up test", "precisions": ["fp32"], "gpu_counts": [1], **TINY}))
         submitted = subprocess.run([*cli, "submit", str(spec), "--wait"], cwd=REPO, env=env, capture_output=True,
                                    text=True, timeout=180)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr

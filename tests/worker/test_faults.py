@@ -121,7 +121,7 @@ def test_postgres_down_when_the_run_finishes_result_recorded_when_back(cell, api
     try:
         worker_db = target.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
         worker = start_worker(env_extra={"SCALEBENCH_DATABASE_URL": worker_db})
-        _, (run_id,) = submit(api, cell, **(TINY | {"steps": 60, "gpu_counts": [1]}))
+        _, (run_id,) = submit(api, cell, **(TINY | {"steps": 150, "gpu_counts": [1]}))
         cell.wait_steps(run_id)
         proxy.close()  # refuse new connections, cut the open ones
         result_json = cell.run_dir(run_id) / "result.json"
@@ -135,7 +135,7 @@ def test_postgres_down_when_the_run_finishes_result_recorded_when_back(cell, api
         with cell.session_factory() as s:
             from db.runs import get_steps
 
-            assert len(get_steps(s, run_id)) == 60
+            assert len(get_steps(s, run_id)) == 150
     finally:
         proxy.stop()
 
@@ -144,7 +144,7 @@ def test_worker_sigterm_mid_run_requeues_the_run_at_once_and_the_next_worker_fin
     """A stopping worker does not wait for its run: its processes end, the run is requeued with the attempt
     given back (recorded at once, no lease to wait for), and the worker is gone within seconds."""
     worker = start_worker()
-    _, (run_id,) = submit(api, cell, **(TINY | {"steps": 40, "gpu_counts": [1]}))
+    _, (run_id,) = submit(api, cell, **(TINY | {"steps": 150, "gpu_counts": [1]}))
     cell.wait_steps(run_id)
     assert len(cell.run_pids(run_id)) == 2  # torchrun + its rank
     t0 = time.monotonic()

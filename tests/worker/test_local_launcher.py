@@ -18,7 +18,7 @@ from worker.launchers.local import LocalLauncher, outcome_from_run_dir
 
 
 def _spec(**overrides) -> RunSpec:
-    body = {"name": "launcher test", "precisions": ["bf16"], "gpu_counts": [2]} | TINY
+    body = {"name": "launcher test", "precisions": ["fp32"], "gpu_counts": [2]} | TINY
     runs, _ = expand(ExperimentSpec(**body), LOCAL_CPU)
     return runs[0].model_copy(update=overrides)
 

@@ -20,12 +20,12 @@ def test_live_and_final_log_through_the_api_without_a_shared_disk(cell, make_cli
     api_dir = tmp_path_factory.mktemp("api-data")
     api = make_client(settings=replace(cell.settings, data_dir=api_dir, runs_dir=api_dir / "runs"))
     start_worker()
-    steps = 120  # logs every 12 steps; long enough to be read while running
+    steps = 200  # logs every 20 steps; long enough to be read while running
     _, [run_id] = submit(api, cell, gpu_counts=[2], steps=steps)
 
     def live():  # a tail shipped while the run goes on
         r = api.get(f"/runs/{run_id}/log")
-        return r.status_code == 200 and "step 12/" in r.text and cell.run(run_id).status == "running" and r
+        return r.status_code == 200 and "step 20/" in r.text and cell.run(run_id).status == "running" and r
 
     live_response = wait_until(live, 150, f"run {run_id}'s live log over HTTP", interval_s=0.5)
     assert live_response.headers["X-Log-Final"] == "false"

@@ -80,7 +80,7 @@ class Up:
         return (self.data / "token").read_text().strip()
 
     def submit(self, **spec) -> int:
-        body = {"name": "up supervisor test", "precisions": ["bf16"], "gpu_counts": [1]} | TINY | spec
+        body = {"name": "up supervisor test", "precisions": ["fp32"], "gpu_counts": [1]} | TINY | spec
         r = httpx.post(f"{self.url}/experiments", json=body, headers={"Authorization": f"Bearer {self.token()}"},
                        timeout=30)
         assert r.status_code == 201, r.text
@@ -132,7 +132,7 @@ def test_worker_sigkilled_under_up_is_restarted_and_the_run_finishes(tmp_path: P
     up = Up(tmp_path, _free_port())
     try:
         up.wait_up()
-        run_id = up.submit(steps=100)
+        run_id = up.submit(steps=300)
         up.wait_stepping(run_id)
         before = up.children()
         os.kill(before["worker"], signal.SIGKILL)
@@ -164,7 +164,7 @@ def test_sigterm_of_up_mid_run_stops_within_5s_requeues_the_run_and_the_next_up_
     first = Up(tmp_path, port, name="up-1")
     try:
         first.wait_up()
-        run_id = first.submit(steps=100)
+        run_id = first.submit(steps=300)
         first.wait_stepping(run_id)
         assert len(first.run_pids()) == 2  # torchrun + its rank
         children = first.children()
