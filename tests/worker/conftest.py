@@ -28,7 +28,7 @@ from db.models import Run
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S, LEASE_S = 1.0, 4.0
 # One layer, fp32: what the tests here check is the service around the runner (tests/runner checks the runner's
-# shapes and numerics), and an fp32 step costs ~4x less than a bf16 one on CPUs without native bf16.
+# shapes and numerics), and on CPUs without native bf16 an fp32 step costs 2-4x less than a bf16 one.
 TINY = {"model": "debug", "num_layers": 1, "seq_len": 32, "local_batch_size": 1, "steps": 3, "warmup_steps": 1,
         "timeout_s": 300}
 LONG = TINY | {"steps": 1000}  # tens of seconds: killed or cancelled mid-run (logs every 100 steps)

@@ -121,7 +121,8 @@ def test_postgres_down_when_the_run_finishes_result_recorded_when_back(cell, api
     try:
         worker_db = target.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
         worker = start_worker(env_extra={"SCALEBENCH_DATABASE_URL": worker_db})
-        _, (run_id,) = submit(api, cell, **(TINY | {"steps": 150, "gpu_counts": [1]}))
+        steps = 150
+        _, (run_id,) = submit(api, cell, **(TINY | {"steps": steps, "gpu_counts": [1]}))
         cell.wait_steps(run_id)
         proxy.close()  # refuse new connections, cut the open ones
         result_json = cell.run_dir(run_id) / "result.json"
@@ -135,7 +136,7 @@ def test_postgres_down_when_the_run_finishes_result_recorded_when_back(cell, api
         with cell.session_factory() as s:
             from db.runs import get_steps
 
-            assert len(get_steps(s, run_id)) == 150
+            assert len(get_steps(s, run_id)) == steps
     finally:
         proxy.stop()
 
