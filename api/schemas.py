@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from api.problems import FieldError, ProblemError
 from core.clusters import Cluster
+from core.engines import engine_names
 from core.matrix import SkippedPoint
 from db.experiments import ExperimentStatus
 from db.models import Experiment, Run, RunSummary, StepMetric
@@ -20,6 +21,7 @@ ExperimentStatusName = Literal["queued", "running", "succeeded", "failed", "canc
 
 
 class SkippedPointRead(BaseModel):
+    engine: str = "scalebench"
     precision: str
     layout: str
     num_devices: int
@@ -29,9 +31,11 @@ class SkippedPointRead(BaseModel):
 class RunBrief(BaseModel):
     id: int
     run_key: str = Field(description="Hash of the normalized RunSpec: equal keys are comparable runs.")
+    engine: str = Field("scalebench", description="The training stack: scalebench, torchtitan, command:<name>.")
     precision: str
     layout: str
     num_devices: int
+    seed: int = Field(0, description="The run's seed (an axis of the matrix with `seeds`).")
     repeat: int
     status: RunStatus
 
@@ -128,6 +132,9 @@ class ClusterRead(BaseModel):
     max_devices: int
     launcher: str
     queue: str
+    engines: list[str] = Field(["scalebench"], description="Engines the cluster offers (ExperimentSpec.engines): "
+                                                           "scalebench, torchtitan, command:<name>. A command "
+                                                           "engine's command line is the operator's and is not shown.")
 
 
 # ------------------------------------------------------------------------------------------- builders
@@ -208,4 +215,5 @@ def step_dict(step: StepMetric) -> dict[str, Any]:
 
 def cluster_read(c: Cluster) -> ClusterRead:
     return ClusterRead(name=c.name, vendor=c.vendor, device_name=c.device_name, gpus_per_node=c.gpus_per_node,
-                       max_nodes=c.max_nodes, max_devices=c.max_devices, launcher=c.launcher, queue=c.queue_name)
+                       max_nodes=c.max_nodes, max_devices=c.max_devices, launcher=c.launcher, queue=c.queue_name,
+                       engines=engine_names(c))

@@ -27,6 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from core.engines import CommandEngine, check_command_names
 from core.network import Network
 
 # sbatch options a cluster config may add; anything else is refused (values are passed as arguments).
@@ -72,6 +73,15 @@ class Cluster(BaseModel):
     queue: str = Field("", description="Celery queue of this cluster's workers (default: the cluster name).")
     slurm: SlurmOptions | None = None
     network: Network | None = Field(None, description="Links for projections: platform, nic and overrides.")
+    torchtitan: bool = Field(False, description="TorchTitan (the `torchtitan` extra) is installed on the nodes: "
+                                                "the cluster offers engine `torchtitan`.")
+    engines: dict[str, CommandEngine] = Field({}, description="Command engines ([cluster.engines.<name>]): "
+                                                              "requests name them as `command:<name>`.")
+
+    @field_validator("engines")
+    @classmethod
+    def _engine_names(cls, v: dict[str, CommandEngine]) -> dict[str, CommandEngine]:
+        return check_command_names(v)
 
     @property
     def max_devices(self) -> int:

@@ -1,4 +1,4 @@
-"""Expansion of an ExperimentSpec into RunSpecs: precision x layout x N x repeat.
+"""Expansion of an ExperimentSpec into RunSpecs: engine x precision x layout x N x seed x repeat.
 
 Points that cannot exist are skipped with their reason; a matrix with no valid point is an error that
 names every reason.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.clusters import Cluster
+from core.engines import engine_reason
 from core.hardware import unsupported_reason
 from core.shapes import get_shape
 from core.specs import FP8_PRECISIONS, MX_PRECISIONS, ExperimentSpec, ParallelDegrees, RunSpec, resolve_layout
@@ -20,6 +21,7 @@ class SkippedPoint:
     layout: str
     num_devices: int
     reason: str
+    engine: str = "scalebench"
 
 
 class MatrixError(ValueError):
@@ -27,8 +29,13 @@ class MatrixError(ValueError):
 
     def __init__(self, skipped: list[SkippedPoint]):
         self.skipped = skipped
-        reasons = "; ".join(f"{s.precision}/{s.layout}/N={s.num_devices}: {s.reason}" for s in skipped)
+        reasons = "; ".join(f"{_engine_prefix(s.engine)}{s.precision}/{s.layout}/N={s.num_devices}: {s.reason}"
+                            for s in skipped)
         super().__init__(f"the matrix has no valid point: {reasons}")
+
+
+def _engine_prefix(engine: str) -> str:
+    return "" if engine == "scalebench" else f"{engine}/"
 
 
 def _tp_reason(spec: ExperimentSpec, tp: int) -> str | None:
@@ -62,9 +69,8 @@ def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degree
     return _tp_reason(spec, degrees.tp)
 
 
-def _run_spec(
-    spec: ExperimentSpec, cluster: Cluster, precision: str, layout: str, degrees: ParallelDegrees, repeat: int
-) -> RunSpec:
+def _run_spec(spec: ExperimentSpec, cluster: Cluster, engine: str, precision: str, layout: str,
+              degrees: ParallelDegrees, seed: int, repeat: int) -> RunSpec:
     shape = get_shape(spec.model, spec.num_layers)
     if spec.scaling == "strong":
         assert spec.global_batch_size is not None
@@ -73,6 +79,7 @@ def _run_spec(
         local = spec.local_batch_size or 1
     fp8_ag = spec.fp8_all_gather and precision == "fp8-tensorwise"
     return RunSpec(
+        engine=engine,
         model=spec.model,
         num_layers=shape.num_layers,
         precision=precision,
@@ -90,8 +97,10 @@ def _run_spec(
         precompute_fp8_scales=fp8_ag and spec.precompute_fp8_scales,
         lr=spec.lr,
         lr_warmup_steps=spec.lr_warmup_steps,
-        seed=spec.seed,
+        seed=seed,
         data_path=spec.data_path,
+        eval_every_steps=spec.eval_every_steps,
+        eval_batches=spec.eval_batches,
         device_type=cluster.device_type,
         timeout_s=spec.timeout_s,
         cluster=cluster.name,
@@ -100,23 +109,27 @@ def _run_spec(
 
 
 def expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[SkippedPoint]]:
-    """All runs of the matrix (precision x layout x N x repeat) and the points skipped, with reasons."""
+    """All runs of the matrix (engine x precision x layout x N x seed x repeat) and the points skipped, with
+    reasons."""
     if spec.cluster != cluster.name:
         raise ValueError(f"cluster: spec names {spec.cluster!r} but expansion got {cluster.name!r}")
     runs: list[RunSpec] = []
     skipped: list[SkippedPoint] = []
-    for precision in spec.precisions:
-        for layout in spec.layouts:
-            for n in spec.gpu_counts:
-                try:
-                    degrees = resolve_layout(layout, n)
-                    reason = _point_reason(spec, cluster, precision, degrees)
-                except ValueError as exc:
-                    reason = str(exc)
-                if reason:
-                    skipped.append(SkippedPoint(precision, layout, n, reason))
-                    continue
-                runs.extend(_run_spec(spec, cluster, precision, layout, degrees, r) for r in range(spec.repeats))
+    for engine in spec.engines:
+        for precision in spec.precisions:
+            for layout in spec.layouts:
+                for n in spec.gpu_counts:
+                    try:
+                        degrees = resolve_layout(layout, n)
+                        reason = (_point_reason(spec, cluster, precision, degrees)
+                                  or engine_reason(engine, cluster, precision, layout, degrees))
+                    except ValueError as exc:
+                        reason = str(exc)
+                    if reason:
+                        skipped.append(SkippedPoint(precision, layout, n, reason, engine))
+                        continue
+                    runs.extend(_run_spec(spec, cluster, engine, precision, layout, degrees, seed, r)
+                                for seed in spec.seed_list for r in range(spec.repeats))
     if not runs:
         raise MatrixError(skipped)
     return runs, skipped

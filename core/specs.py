@@ -53,13 +53,21 @@ DpMode = Literal["none", "fsdp", "hsdp", "ddp"]
 ERROR_KINDS: tuple[str, ...] = (
     "invalid_config", "oom", "comm_timeout", "error",  # runner
     "timeout", "worker_lost", "cancelled", "launch_error", "infrastructure", "result_missing",  # service
+    "no_metrics",  # a command engine's command printed no metric its parser could read
 )
 ErrorKind = Literal[
     "invalid_config", "oom", "comm_timeout", "error",
-    "timeout", "worker_lost", "cancelled", "launch_error", "infrastructure", "result_missing",
+    "timeout", "worker_lost", "cancelled", "launch_error", "infrastructure", "result_missing", "no_metrics",
 ]
 
 LAYOUT_FORMS = "fsdp, ddp, hsdp:shard=S, tp=T, tp=T+fsdp (S, T positive integers)"
+# Engines: the training stack a run measures. scalebench: our runner (python -m runner); torchtitan: upstream
+# TorchTitan's own Trainer (the `torchtitan` extra on the cluster's nodes); command:<name>: a command the
+# operator defined for the cluster in its clusters file ([cluster.engines.<name>]); a request names it, never
+# carries it.
+DEFAULT_ENGINE = "scalebench"
+ENGINE_FORMS = "scalebench, torchtitan, command:<name> (a command engine of the cluster, GET /clusters)"
+ENGINE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _LAYOUT_RE = re.compile(r"^(?:(fsdp)|(ddp)|hsdp:shard=([1-9]\d*)|tp=([1-9]\d*)(\+fsdp)?)$")
 
 
@@ -124,6 +132,26 @@ def storable(value: Any) -> Any:
 
 # A string the store can hold: valid UTF-8 (no lone surrogate) without NUL.
 Text = Annotated[str, AfterValidator(check_text)]
+
+
+# ----------------------------------------------------------------------------------------------- engines
+
+
+def check_engine(engine: str) -> str:
+    """Normalize an engine name or raise ValueError naming the allowed forms."""
+    e = engine.strip()
+    if e in ("scalebench", "torchtitan"):
+        return e
+    kind, sep, name = e.partition(":")
+    if kind == "command" and sep and ENGINE_NAME_RE.match(name):
+        return e
+    raise ValueError(f"engine {engine!r} is not one of: {ENGINE_FORMS}; a command name is lowercase letters, "
+                     "digits, '.', '_' or '-' (at most 63)")
+
+
+def command_name(engine: str) -> str | None:
+    """`megatron` of `command:megatron`; None for the built-in engines."""
+    return engine.partition(":")[2] if engine.startswith("command:") else None
 
 
 # ----------------------------------------------------------------------------------------------- layouts
@@ -236,6 +264,13 @@ class ExperimentSpec(_Strict):
     precisions: list[Precision] = Field(min_length=1, max_length=5, description="Precisions to compare.")
     layouts: list[Text] = Field(["fsdp"], min_length=1, max_length=8,
                                description=f"Parallelism layout templates that scale with N: {LAYOUT_FORMS}.")
+    engines: list[Annotated[Text, Field(max_length=80)]] = Field(
+        [DEFAULT_ENGINE], min_length=1, max_length=8, description=(
+            f"Training stacks to measure, an axis of the matrix like precisions: {ENGINE_FORMS}. "
+            "`scalebench` is this service's runner; `torchtitan` runs upstream TorchTitan's own Trainer on a "
+            "cluster that offers it; `command:<name>` runs a command the operator defined for the cluster in "
+            "its clusters file. A request names an engine; it never carries a command line. S(N) and E(N) "
+            "compare within one engine; the engine ratio compares engines at the same N, precision and layout."))
     scaling: ScalingMode = Field("weak", description="weak: fixed local batch; strong: fixed global batch.")
     seq_len: StrictInt = Field(2048, ge=16, le=131072, description="Tokens per sequence.")
     local_batch_size: StrictInt | None = Field(None, ge=1, le=4096, validate_default=True,
@@ -243,7 +278,8 @@ class ExperimentSpec(_Strict):
     global_batch_size: StrictInt | None = Field(None, ge=1, le=1 << 20, validate_default=True,
                                           description="Sequences per step over all ranks (strong scaling).")
     steps: StrictInt = Field(20, ge=2, le=100000, description="Training steps per run, warm-up included.")
-    warmup_steps: StrictInt = Field(5, ge=0, description="Leading steps excluded from timing.")
+    warmup_steps: StrictInt = Field(5, ge=0, validate_default=True,
+                                    description="Leading steps excluded from timing (below steps).")
     profile_steps: StrictInt = Field(
         0, ge=0, le=MAX_PROFILE_STEPS, description=(
             "Last steps of each run recorded with torch.profiler on every rank (0: off), left out of the "
@@ -256,7 +292,17 @@ class ExperimentSpec(_Strict):
         False, validate_default=True, description="Precompute float8 dynamic scales for FSDP (tensorwise all-gather).")
     lr: float = Field(3e-4, gt=0, le=1.0, allow_inf_nan=False, strict=True, description="Peak AdamW learning rate.")
     lr_warmup_steps: StrictInt = Field(0, ge=0, le=100000, description="Linear LR warm-up steps.")
-    seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
+    seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of every run (use `seeds` for several).")
+    seeds: list[Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]] | None = Field(
+        None, min_length=1, max_length=16, description=(
+            "Seeds, an axis of the matrix: every point runs once per seed (and per repeat). Throughput is the "
+            "median over seeds and repeats; the fp8 loss verdict uses the seed-to-seed spread. Default: [seed]."))
+    eval_every_steps: StrictInt = Field(
+        0, ge=0, le=100000, description=(
+            "Evaluate the loss on held-out data every this many steps and after the last (0: off). Eval steps "
+            "are outside the timed steps. Held-out data: the `.val` split beside data_path, or held-out "
+            "sequences of the synthetic stream."))
+    eval_batches: StrictInt = Field(2, ge=1, le=256, description="Batches per evaluation (per data-parallel rank).")
     data_path: Text | None = Field(
         None, max_length=1000, description="Pre-tokenized uint16/uint32 token file on the cluster (default: synthetic)."
     )
@@ -267,6 +313,11 @@ class ExperimentSpec(_Strict):
     @classmethod
     def _unique_sorted(cls, v: list[int]) -> list[int]:
         return sorted(set(v))
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(check_engine(e) for e in v))
 
     @field_validator("precisions")
     @classmethod
@@ -285,10 +336,22 @@ class ExperimentSpec(_Strict):
     @field_validator("warmup_steps")
     @classmethod
     def _warmup_below_steps(cls, v: int, info: ValidationInfo) -> int:
+        # validate_default: the default (5) is checked against steps too, and the message says it was the default
         steps = info.data.get("steps")
         if steps is not None and v >= steps:
-            raise ValueError(f"warmup_steps({v}) must be below steps({steps})")
+            default = " (the default)" if v == cls.model_fields["warmup_steps"].default else ""
+            raise ValueError(f"warmup_steps({v}){default} must be below steps({steps}); set warmup_steps "
+                             f"between 0 and {steps - 1}")
         return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if v is None:
+            return None
+        if info.data.get("seed", 0) != 0:
+            raise ValueError("seeds and seed are exclusive: list every seed in seeds")
+        return list(dict.fromkeys(v))
 
     @field_validator("profile_steps")
     @classmethod
@@ -315,6 +378,11 @@ class ExperimentSpec(_Strict):
             raise ValueError("global_batch_size applies to scaling 'strong'; use local_batch_size for 'weak'")
         return v
 
+    @property
+    def seed_list(self) -> list[int]:
+        """The seeds the matrix runs: `seeds`, else [seed]."""
+        return self.seeds if self.seeds is not None else [self.seed]
+
     @field_validator("precompute_fp8_scales")
     @classmethod
     def _precompute_needs_all_gather(cls, v: bool, info: ValidationInfo) -> bool:
@@ -330,6 +398,7 @@ class RunSpec(_Strict):
     """One fully resolved point of an experiment; what the runner reads from spec.json."""
 
     schema_version: int = SCHEMA_VERSION
+    engine: str = DEFAULT_ENGINE
     model: ModelName
     num_layers: int = Field(ge=1)
     precision: Precision
@@ -349,6 +418,8 @@ class RunSpec(_Strict):
     lr_warmup_steps: int = 0
     seed: int = 0
     data_path: str | None = None
+    eval_every_steps: int = Field(0, ge=0)
+    eval_batches: int = Field(2, ge=1)
     device_type: Literal["cpu", "cuda"] = "cpu"
     timeout_s: int = 3600
     # Not part of the run key: where and which repeat.
@@ -376,15 +447,34 @@ class RunSpec(_Strict):
         check_profile_steps(self.steps, self.warmup_steps, self.profile_steps)
         return self
 
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        return check_engine(v)
+
     def run_key(self) -> str:
         """Stable hash of the normalized spec without cluster and repeat: equal keys are comparable runs.
-        profile_steps is left out: profiled steps are not in the throughput figures."""
+        profile_steps is left out: profiled steps are not in the throughput figures. Fields added after the
+        first schema (engine, eval_*) enter the hash only when they differ from their default, so the key of
+        a run that does not use them is what it always was (history stays comparable)."""
         payload = self.model_dump(mode="json", exclude={"cluster", "repeat", "timeout_s", "profile_steps"})
+        for name, default in _KEY_DEFAULTS.items():
+            if payload.get(name) == default:
+                payload.pop(name)
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+_KEY_DEFAULTS: dict[str, Any] = {"engine": DEFAULT_ENGINE, "eval_every_steps": 0, "eval_batches": 2}
+
+
 # ------------------------------------------------------------------------------------------ result
+
+
+class EvalPoint(_Strict):
+    step: int = Field(ge=0)  # the training step after which the held-out loss was measured
+    loss: float | None = None
+    num_tokens: int = Field(0, ge=0)  # held-out tokens it averages over (all ranks)
 
 
 class StepRecord(_Strict):
@@ -415,11 +505,16 @@ class Summary(_Strict):
     peak_memory_allocated_gib: float | None = None  # max over ranks
     peak_memory_reserved_gib: float | None = None
     num_float8_linears: int | None = None
+    # How step times were measured: "optimizer-step hook" (scalebench, torchtitan: wall time between optimizer
+    # steps, after a device sync), or "log:<parser>" / "jsonl" for a command engine (the command's own figures).
+    step_time_source: str | None = None
 
 
 class Numerics(_Strict):
     final_loss: float | None = None
     loss_curve: list[float] = []
+    eval_curve: list[EvalPoint] = []  # held-out loss every eval_every_steps (empty when off)
+    data: str | None = None  # "synthetic", or the data file's name and sha256 (its recipe is beside it)
 
 
 class Environment(_Strict):
@@ -438,6 +533,8 @@ class Environment(_Strict):
     world_size: int
     backend: str | None = None
     fp8_dtypes: list[str] = []
+    engine: str | None = None  # scalebench, torchtitan, command:<name>
+    torchtitan_version: str | None = None
 
 
 class RunError(_Strict):

@@ -60,8 +60,8 @@ class Run(Base):
         sa.Index("ix_runs_status_dispatched_at", "status", "dispatched_at"),
         sa.Index("ix_runs_queue_status_id", "queue", "status", "id"),  # the oldest claimable run of a queue
         # the scaling points of an experiment in group order, read by an index-only scan (db.analysis)
-        sa.Index("ix_runs_scaling_points", "experiment_id", "model", "num_layers", "precision", "layout", "scaling",
-                 "cluster", "num_devices", "id", postgresql_include=["status", "imported", "finished_at"]),
+        sa.Index("ix_runs_scaling_points", "experiment_id", "engine", "model", "num_layers", "precision", "layout",
+                 "scaling", "cluster", "num_devices", "id", postgresql_include=["status", "imported", "finished_at"]),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -71,6 +71,8 @@ class Run(Base):
     precision: Mapped[str] = mapped_column(sa.String(32))
     layout: Mapped[str] = mapped_column(sa.String(64))
     num_devices: Mapped[int]
+    engine: Mapped[str] = mapped_column(sa.String(80), default=_from_spec("engine"), server_default="scalebench")
+    seed: Mapped[int] = mapped_column(default=_from_spec("seed"), server_default="0")  # = spec.seed
     model: Mapped[str] = mapped_column(sa.String(32), default=_from_spec("model"))  # = spec.model
     num_layers: Mapped[int] = mapped_column(default=_from_spec("num_layers"))  # = spec.num_layers
     scaling: Mapped[str] = mapped_column(sa.String(16), default=_from_spec("scaling"))  # = spec.scaling

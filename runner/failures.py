@@ -116,7 +116,8 @@ class RunState:
 
 
 def failed_result(spec: RunSpec, state: RunState, exc: BaseException) -> RunResult:
-    from runner.metrics import memory_at_failure, step_records
+    from core.run_metrics import step_records
+    from runner.metrics import memory_at_failure
 
     state.failed = True
     kind = classify(exc)

@@ -18,13 +18,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from core.run_metrics import step_records, summarize
 from core.shapes import get_shape
 from core.specs import Numerics, RunResult, RunSpec
 from runner import failures
 from runner.data import make_batches
 from runner.env import capture_environment, expected_fp8_dtypes, gather_hosts, peaks_for, probe_device
 from runner.fp8 import fp8_dtypes_of_config, is_fp8, precompute_fp8_scales
-from runner.metrics import DeviceLog, StepTimer, peak_memory_gib, step_records, summarize
+from runner.metrics import DeviceLog, StepTimer, peak_memory_gib
 from runner.model import Llama, init_weights
 from runner.parallel import build_mesh, parallelize, uses_dp_wrapper
 from runner.profiling import StepProfiler

@@ -54,14 +54,21 @@ def _expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list
     try:
         runs, skipped = expand(spec, cluster)
     except MatrixError as exc:
-        errors = [FieldError(field="matrix", message=f"{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}")
+        errors = [FieldError(field="engines" if p.engine != "scalebench" and _engine_refused(p.reason) else "matrix",
+                             message=f"{p.engine}/{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}")
                   for p in exc.skipped]
         raise ProblemError(422, "the matrix has no valid point", errors,
                            skipped=[s.model_dump() for s in skipped_read(exc.skipped)]) from exc
     if len(runs) > MAX_RUNS_PER_EXPERIMENT:
         raise ProblemError(422, f"the matrix expands to {len(runs)} runs; the limit is {MAX_RUNS_PER_EXPERIMENT}",
-                           [FieldError(field="matrix", message="reduce gpu_counts, precisions, layouts or repeats")])
+                           [FieldError(field="matrix", message="reduce gpu_counts, precisions, layouts, engines, "
+                                                               "seeds or repeats")])
     return runs, skipped
+
+
+def _engine_refused(reason: str) -> bool:
+    """A skip that is the engine's (the cluster does not offer it, or it cannot run the point)."""
+    return reason.startswith(("cluster ", "torchtitan ", "command:"))
 
 
 def _request_hash(spec: ExperimentSpec) -> str:
@@ -107,7 +114,7 @@ def create_experiment(
         description="Repeat-safe creation: the same key and body return the same experiment; "
                     "the same key with another body is a 409.")] = None,
 ) -> Any:
-    """Expands precision x layout x N x repeat into runs (points that cannot exist are skipped, with
+    """Expands engine x precision x layout x N x seed x repeat into runs (points that cannot exist are skipped, with
     reasons), stores the experiment and its runs, commits, then publishes one message per run on the
     cluster's queue. If the broker is down the response says `dispatched: false` and a background
     dispatcher publishes the runs later."""
@@ -130,8 +137,9 @@ def create_experiment(
     session.commit()
     response.headers["Location"] = f"/experiments/{exp.id}"
     counts = {s: 0 for s in RUN_STATUSES} | {"queued": len(run_ids)}
-    briefs = [RunBrief(id=i, run_key=r.run_key(), precision=r.precision, layout=r.layout,
-                       num_devices=r.num_devices, repeat=r.repeat, status="queued") for i, r in zip(run_ids, runs)]
+    briefs = [RunBrief(id=i, run_key=r.run_key(), engine=r.engine, precision=r.precision, layout=r.layout,
+                       num_devices=r.num_devices, seed=r.seed, repeat=r.repeat, status="queued")
+              for i, r in zip(run_ids, runs)]
     message = None if outcome.ok else f"{outcome.error}; {len(run_ids) - len(outcome.published)} {BROKER_DOWN_NOTE}"
     return experiment_read(exp, ExperimentStatus("queued", counts)) | {
         "runs": briefs, "skipped": skipped_read(skipped), "dispatched": outcome.ok, "dispatch_message": message}

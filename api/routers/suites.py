@@ -62,7 +62,7 @@ def create_suite(body: SuiteCreate, session: SessionDep, clusters: ClustersDep, 
             422,
             "the suite's matrix has no valid point on its cluster",
             [
-                FieldError(field="spec", message=f"{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}")
+                FieldError(field="spec", message=f"{p.engine}/{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}")
                 for p in exc.skipped
             ],
         ) from exc

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.run_metrics import summarize
 from core.shapes import get_shape
 from runner.data import Batches, MemmapTokens, SyntheticTokens
 from runner.env import DeviceInfo, device_info_from, expected_fp8_dtypes, peaks_for
@@ -21,7 +22,6 @@ from runner.fp8 import (
     fp8_module_filter,
     mx_module_filter,
 )
-from runner.metrics import summarize
 from runner.train import clip_in_optimizer, inductor_settings, lr_factor, run
 from tests.runner.conftest import make_spec
 
