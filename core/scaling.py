@@ -1,11 +1,14 @@
 """Linear-scaling curves from run results (pure; computed on read). Definitions: docs/architecture.md.
 
 Input: plain `RunPoint` records (one per run, repeats included). Output: a `ScalingReport` the API returns
-as JSON directly. Per series (model + layers, precision, layout, scaling mode, cluster) and device count N:
+as JSON directly. Per series (engine, model + layers, precision, layout, scaling mode, cluster) and device
+count N:
 
 - X(N): median over succeeded repeats of global tokens/s; spread = (max - min) / median.
 - E(N) = X(N) / (X(N0) * N / N0), N0 the smallest measured N of the series (or the baseline asked for).
-- S(N) = X_fp8(N) / X_bf16(N) for the same model, layout, scaling mode, cluster and N.
+- S(N) = X_fp8(N) / X_bf16(N) for the same engine, model, layout, scaling mode, cluster and N.
+- engine ratio R(N) = X_engine(N) / X_scalebench(N) for the same model, precision, layout, scaling mode, cluster
+  and N: another stack (TorchTitan, the user's own command) against this service's runner.
 - Amdahl and USL fits on >= 3 measured points, with fit quality; predictions beyond the measured range
   are labelled extrapolations.
 """
@@ -50,6 +53,7 @@ class RunPoint:
     peak_memory_allocated_gib: float | None = None
     final_loss: float | None = None
     imported: bool = False
+    engine: str = "scalebench"
 
 
 class _Out(BaseModel):
@@ -57,6 +61,7 @@ class _Out(BaseModel):
 
 
 class SeriesKey(_Out):
+    engine: str = "scalebench"
     model: str
     num_layers: int
     precision: str
@@ -65,7 +70,8 @@ class SeriesKey(_Out):
     cluster: str
 
     def label(self) -> str:
-        return f"{self.model}/L{self.num_layers} {self.precision} {self.layout} {self.scaling} @{self.cluster}"
+        engine = "" if self.engine == "scalebench" else f"[{self.engine}] "
+        return f"{engine}{self.model}/L{self.num_layers} {self.precision} {self.layout} {self.scaling} @{self.cluster}"
 
 
 class ScalingPoint(_Out):
@@ -83,6 +89,7 @@ class ScalingPoint(_Out):
     spread: float | None = None  # (max - min) / median, a fraction
     efficiency: float | None = None  # E(N), a fraction
     fp8_speedup: float | None = None  # S(N); fp8 series only
+    engine_ratio: float | None = None  # R(N) = X_engine / X_scalebench; series of another engine only
     step_ms_median: float | None = None
     mfu_vs_bf16_peak: float | None = None
     mfu_vs_precision_peak: float | None = None
@@ -135,6 +142,7 @@ class Series(_Out):
 
 
 class SpeedupPoint(_Out):
+    engine: str = "scalebench"
     model: str
     num_layers: int
     layout: str
@@ -150,9 +158,26 @@ class SpeedupPoint(_Out):
     loss_rel_gap: float | None = None  # (fp8 - bf16) / bf16 final loss
 
 
+class EngineRatioPoint(_Out):
+    """R(N) = X_engine(N) / X_scalebench(N) at the same model, precision, layout, scaling, cluster and N."""
+
+    engine: str  # the other engine: torchtitan, command:<name>
+    model: str
+    num_layers: int
+    precision: str
+    layout: str
+    scaling: str
+    cluster: str
+    num_devices: int
+    tokens_per_sec: float  # the engine's X(N)
+    scalebench_tokens_per_sec: float
+    ratio: float
+
+
 class ScalingReport(_Out):
     series: list[Series]
     speedups: list[SpeedupPoint]
+    engine_ratios: list[EngineRatioPoint] = []
     gpu_counts: list[int]  # every N seen in the input
     noisy_spread: float = NOISY_SPREAD
     baseline_num_devices: int | None = None  # as asked; None: each series' smallest measured N
@@ -230,7 +255,7 @@ def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
     groups: dict[tuple[SeriesKey, int], list[RunPoint]] = {}
     keys: dict[tuple, SeriesKey] = {}
     for r in runs:
-        raw = (r.model, r.num_layers, r.precision, r.layout, r.scaling, r.cluster)
+        raw = (r.engine, r.model, r.num_layers, r.precision, r.layout, r.scaling, r.cluster)
         key = keys.get(raw) or keys.setdefault(raw, _key(r))
         groups.setdefault((key, r.num_devices), []).append(r)
     return [_point_runs(key, n, rs) for (key, n), rs in groups.items()]
@@ -381,6 +406,7 @@ def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) 
 
 def _key(r: RunPoint) -> SeriesKey:
     return SeriesKey(
+        engine=r.engine,
         model=r.model,
         num_layers=r.num_layers,
         precision=r.precision,
@@ -390,9 +416,33 @@ def _key(r: RunPoint) -> SeriesKey:
     )
 
 
-def _pair_key(k: SeriesKey) -> tuple[str, int, str, str, str]:
-    """What an fp8 series shares with the bf16 series it is compared with."""
-    return (k.model, k.num_layers, k.layout, k.scaling, k.cluster)
+def _pair_key(k: SeriesKey) -> tuple[str, str, int, str, str, str]:
+    """What an fp8 series shares with the bf16 series it is compared with (S(N) stays within one engine)."""
+    return (k.engine, k.model, k.num_layers, k.layout, k.scaling, k.cluster)
+
+
+def _point_key(k: SeriesKey, num_devices: int) -> tuple:
+    return (k.engine, k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, num_devices)
+
+
+def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPoint]:
+    """R(N) of every point of a series of another engine against the scalebench point of the same key and N."""
+    ours = {_point_key(k, p["num_devices"]): p.get("tokens_per_sec")
+            for k, pts in groups.items() if k.engine == "scalebench" for p in pts}
+    out = []
+    for k, pts in groups.items():
+        if k.engine == "scalebench":
+            continue
+        for p in pts:
+            x = p.get("tokens_per_sec")
+            ref = ours.get(_point_key(k.model_copy(update={"engine": "scalebench"}), p["num_devices"]))
+            ratio = _finite(x / ref) if x and ref else None
+            if ratio is not None:
+                out.append(EngineRatioPoint(
+                    engine=k.engine, model=k.model, num_layers=k.num_layers, precision=k.precision, layout=k.layout,
+                    scaling=k.scaling, cluster=k.cluster, num_devices=p["num_devices"], tokens_per_sec=x,
+                    scalebench_tokens_per_sec=ref, ratio=ratio))
+    return out
 
 
 def _speedups(groups: Mapping[SeriesKey, list[dict]]) -> list[SpeedupPoint]:
@@ -409,6 +459,7 @@ def _speedups(groups: Mapping[SeriesKey, list[dict]]) -> list[SpeedupPoint]:
                 gap = (loss - b_loss) / b_loss if loss is not None and b_loss else None
                 out.append(
                     SpeedupPoint(
+                        engine=k.engine,
                         model=k.model,
                         num_layers=k.num_layers,
                         layout=k.layout,
@@ -480,22 +531,27 @@ def build_report_from_points(
         by_key.setdefault(p.key, {})[p.num_devices] = p
     all_counts = sorted({n for by_n in by_key.values() for n in by_n})
     sized = {k: _points(by_n, k.layout, all_counts, noisy_spread) for k, by_n in by_key.items()}
-    speedups = _speedups({k: pts for k, (pts, _) in sized.items()})
-    s_of = {
-        (sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp.speedup
-        for sp in speedups
-    }
+    groups = {k: pts for k, (pts, _) in sized.items()}
+    speedups = _speedups(groups)
+    engine_ratios = _engine_ratios(groups)
+    s_of = {(sp.engine, sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices):
+            sp.speedup for sp in speedups}
+    r_of = {(r.engine, r.model, r.num_layers, r.precision, r.layout, r.scaling, r.cluster, r.num_devices): r.ratio
+            for r in engine_ratios}
     series = []
-    for k in sorted(sized, key=lambda k: (k.model, k.num_layers, k.cluster, k.scaling, k.layout, k.precision)):
+    order = lambda k: (k.model, k.num_layers, k.cluster, k.scaling, k.engine != "scalebench", k.engine,  # noqa: E731
+                       k.layout, k.precision)
+    for k in sorted(sized, key=order):
         pts, impossible = sized[k]
         for p in pts:
-            p["fp8_speedup"] = s_of.get(
-                (k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p["num_devices"]))
+            p["fp8_speedup"] = s_of.get(_point_key(k, p["num_devices"]))
+            p["engine_ratio"] = r_of.get(_point_key(k, p["num_devices"]))
         full_n = (full_size_by_cluster or {}).get(k.cluster)
         series.append(_series(k, pts, impossible, baseline_num_devices, full_n))
     return ScalingReport(
         series=series,
         speedups=speedups,
+        engine_ratios=engine_ratios,
         gpu_counts=all_counts,
         noisy_spread=noisy_spread,
         baseline_num_devices=baseline_num_devices,
@@ -505,6 +561,7 @@ def build_report_from_points(
 # --------------------------------------------------------------------------------------------- CSV
 
 CSV_COLUMNS = (
+    "engine",
     "model",
     "num_layers",
     "precision",
@@ -517,6 +574,7 @@ CSV_COLUMNS = (
     "tokens_per_sec_per_device",
     "efficiency",
     "fp8_speedup",
+    "engine_ratio",
     "mfu_vs_bf16_peak",
     "mfu_vs_precision_peak",
     "peak_memory_allocated_gib",

@@ -61,7 +61,7 @@ def _run_point_select() -> sa.Select:
             Run.precision, Run.layout, spec["scaling"].as_string(), Run.cluster, Run.num_devices, Run.status,
             RunSummary.tokens_per_sec, RunSummary.step_ms_median, RunSummary.mfu_vs_bf16_peak,
             RunSummary.mfu_vs_precision_peak, RunSummary.peak_memory_allocated_gib,
-            _final_loss(), Run.imported,
+            _final_loss(), Run.imported, Run.engine,
         )
         .outerjoin(RunSummary, RunSummary.run_id == Run.id)
         .where(Run.status.not_in(EXCLUDED_FROM_CURVES))
@@ -78,12 +78,12 @@ def load_run_points_many(session: Session, experiment_ids: Sequence[int]) -> dic
     out: dict[int, list[RunPoint]] = {i: [] for i in experiment_ids}
     for row in session.execute(_RUN_POINTS, {"experiment_ids": list(experiment_ids)}):
         (exp_id, run_id, model, num_layers, precision, layout, scaling, cluster, n, status, tps, step_ms,
-         mfu_bf16, mfu_own, mem_gib, final_loss, imported) = row
+         mfu_bf16, mfu_own, mem_gib, final_loss, imported, engine) = row
         out[exp_id].append(RunPoint(
             run_id=run_id, model=model, num_layers=num_layers, precision=precision, layout=layout,
             scaling=scaling, cluster=cluster, num_devices=n, status=status, tokens_per_sec=tps,
             step_ms_median=step_ms, mfu_vs_bf16_peak=mfu_bf16, mfu_vs_precision_peak=mfu_own,
-            peak_memory_allocated_gib=mem_gib, final_loss=final_loss, imported=imported))
+            peak_memory_allocated_gib=mem_gib, final_loss=final_loss, imported=imported, engine=engine))
     return out
 
 
@@ -93,7 +93,9 @@ def load_run_points(session: Session, experiment_id: int) -> list[RunPoint]:
 
 # ------------------------------------------------------------------------------------ scaling points
 
-_POINT = (Run.model, Run.num_layers, Run.precision, Run.layout, Run.scaling, Run.cluster, Run.num_devices)
+_POINT = (Run.engine, Run.model, Run.num_layers, Run.precision, Run.layout, Run.scaling, Run.cluster,
+          Run.num_devices)
+_NUM_POINT = len(_POINT)
 
 
 NO_VALUES = PointValues()
@@ -162,7 +164,7 @@ def _mean(lo: float | None, hi: float | None) -> float | None:
 
 
 def _point_values(session: Session, experiment_id: int, points: list[tuple] | None) -> dict[tuple, PointValues]:
-    """PointValues of these points ((model, layers, precision, layout, scaling, cluster, N) tuples) of one
+    """PointValues of these points ((engine, model, layers, precision, layout, scaling, cluster, N) tuples) of one
     experiment; None: of all its points."""
     stmt = _POINT_VALUES if points is None else _POINT_VALUES.where(sa.tuple_(*_POINT).in_(points))
     out = {}
@@ -192,11 +194,11 @@ def load_scaling_points_many(session: Session, experiment_ids: Sequence[int],
     known = {} if known is None else known
     index = session.execute(_POINT_INDEX, {"experiment_ids": list(experiment_ids)}).all()
     # (experiment, point, succeeded count, sum of their ids, latest finish); None: no succeeded run
-    fps = [(row[0], *row[1:8], *row[-3:]) if row[-3] else None for row in index]
+    fps = [(row[0], *row[1:1 + _NUM_POINT], *row[-3:]) if row[-3] else None for row in index]
     wanted: dict[int, dict[tuple, tuple]] = {}  # experiment -> point -> its fingerprint
     for row, fp in zip(index, fps):
         if fp is not None and fp not in known:
-            wanted.setdefault(row[0], {})[tuple(row[1:8])] = fp
+            wanted.setdefault(row[0], {})[tuple(row[1:1 + _NUM_POINT])] = fp
     for exp_id, points in wanted.items():
         num_points = sum(row[0] == exp_id for row in index)
         found = _point_values(session, exp_id, None if len(points) > num_points // 2 else list(points))
@@ -210,10 +212,12 @@ def load_scaling_points_many(session: Session, experiment_ids: Sequence[int],
 
 
 def _point_runs(row: sa.Row, v: PointValues, keys: dict[tuple, SeriesKey]) -> PointRuns:
-    _, model, num_layers, precision, layout, scaling, cluster, n, num_failed, num_runs, run_ids, imported = row[:12]
-    raw = (model, num_layers, precision, layout, scaling, cluster)
+    (_, engine, model, num_layers, precision, layout, scaling, cluster, n, num_failed, num_runs, run_ids,
+     imported) = row[:13]
+    raw = (engine, model, num_layers, precision, layout, scaling, cluster)
     key = keys.get(raw) or keys.setdefault(raw, SeriesKey(
-        model=model, num_layers=num_layers, precision=precision, layout=layout, scaling=scaling, cluster=cluster))
+        engine=engine, model=model, num_layers=num_layers, precision=precision, layout=layout, scaling=scaling,
+        cluster=cluster))
     num_failed += v.num_invalid  # a succeeded run with an unusable stored throughput measured nothing
     values = {f.name: getattr(v, f.name) for f in dataclasses.fields(PointValues)}
     return PointRuns(key=key, num_devices=n, num_failed=num_failed, num_pending=num_runs - v.num_succeeded - num_failed,

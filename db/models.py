@@ -137,6 +137,7 @@ class RunSummary(Base):
     peak_memory_allocated_gib: Mapped[float | None]
     peak_memory_reserved_gib: Mapped[float | None]
     num_float8_linears: Mapped[int | None]
+    step_time_source: Mapped[str | None] = mapped_column(sa.String(120))  # how the engine's step times were taken
     # result.numerics.final_loss, written with the summary (None for rows imported before it existed: the
     # readers fall back to the result JSON then)
     final_loss: Mapped[float | None]

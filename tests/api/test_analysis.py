@@ -98,7 +98,7 @@ def test_scaling_json_csv_png_and_one_query(client, pg_session_factory, pg_engin
     csv = client.get(f"/experiments/{exp_id}/scaling?format=csv")
     assert csv.headers["content-type"].startswith("text/csv")
     lines = csv.text.strip().splitlines()
-    assert lines[0].startswith("model,num_layers,precision") and len(lines) == 1 + 6
+    assert lines[0].startswith("engine,model,num_layers,precision") and len(lines) == 1 + 6
     png = client.get(f"/experiments/{exp_id}/scaling.png")
     assert png.headers["content-type"] == "image/png" and png.content[:8] == b"\x89PNG\r\n\x1a\n"
     bad = client.get(f"/experiments/{exp_id}/scaling?format=xml")

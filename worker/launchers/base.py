@@ -1,8 +1,9 @@
 """The launcher contract shared by the local torchrun launcher and the Slurm launcher.
 
-A run directory holds: spec.json (the RunSpec), result.json (written by the runner's rank 0), log.txt
-(the runner's merged stdout/stderr), handle.json (what is needed to re-attach: pid/pgid or Slurm job id)
-and, for a profiled run, trace.rank{R}.json.gz (each rank's profiler trace, core.breakdown.TRACE_FILE).
+A run directory holds: spec.json (the RunSpec), result.json (written by the engine's program: the runner's
+rank 0), log.txt (the program's merged stdout/stderr), handle.json (what is needed to re-attach: pid/pgid or
+Slurm job id), command.json for a command engine (worker.engines.command) and, for a profiled run,
+trace.rank{R}.json.gz (each rank's profiler trace, core.breakdown.TRACE_FILE).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from core.breakdown import TRACE_FILE
+from core.clusters import Cluster
 from core.specs import RunResult, RunSpec
 
 SPEC_FILE, RESULT_FILE, LOG_FILE, HANDLE_FILE = "spec.json", "result.json", "log.txt", "handle.json"
+COMMAND_FILE = "command.json"  # a command engine's launch (worker.engines.command), read by runner.command
 _TRACE_RE = re.compile("^" + re.escape(TRACE_FILE).replace(re.escape("{rank}"), r"(\d+)") + "$")
 
 
@@ -76,9 +79,13 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def prepare_run_dir(spec: RunSpec, run_id: str, run_dir: Path) -> Path:
+def prepare_run_dir(spec: RunSpec, run_id: str, run_dir: Path, cluster: Cluster, num_nodes: int = 1) -> Path:
+    """spec.json, and whatever the run's engine needs beside it (worker.engines)."""
+    from worker.engines import engine_for  # the engines write files with this module's helpers
+
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / SPEC_FILE, spec.model_dump(mode="json"))
+    engine_for(spec).prepare(spec, cluster, run_dir, num_nodes)
     return run_dir
 
 

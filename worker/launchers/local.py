@@ -1,6 +1,9 @@
-"""Local launcher: `torchrun --standalone` on this node, as its own process group, logging to the run dir.
+"""Local launcher: the run's engine program on this node, as its own process group, logging to the run dir.
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m runner --spec DIR/spec.json --out DIR/result.json
+
+The module is the engine's (worker.engines: runner, runner.titan); a program that starts its own ranks (a
+command engine: runner.command) runs without torchrun, as `python -m runner.command --spec ... --out ...`.
 
 Argument lists only (never a shell string). The worker does not import torch: torchrun is a program.
 Children die with the worker: torchrun gets PR_SET_PDEATHSIG=SIGTERM and forwards SIGTERM to its ranks;
@@ -22,6 +25,7 @@ from pathlib import Path
 from core import procs
 from core.clusters import LOCAL_CPU, Cluster
 from core.specs import RunSpec
+from worker.engines import engine_for
 from worker.launchers.base import (
     LOG_FILE,
     RESULT_FILE,
@@ -43,21 +47,20 @@ _CHILDREN: dict[int, subprocess.Popen] = {}
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, cluster: Cluster = LOCAL_CPU, kill_grace_s: float = 5.0, runner_module: str | None = None,
-                 python: str = sys.executable, cpu_count: int | None = None):
+    def __init__(self, cluster: Cluster = LOCAL_CPU, kill_grace_s: float = 5.0, python: str = sys.executable,
+                 cpu_count: int | None = None):
         self.cluster = cluster
         self.kill_grace_s = kill_grace_s
-        # SCALEBENCH_RUNNER_MODULE: another training program with the runner's CLI (default: ours).
-        self.runner_module = runner_module or os.environ.get("SCALEBENCH_RUNNER_MODULE", "runner")
         self.python = python
         self.cpu_count = cpu_count or os.cpu_count() or 1
 
     # ------------------------------------------------------------------------------------------ start
 
     def command(self, spec: RunSpec, run_dir: Path) -> list[str]:
-        return [self.python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(spec.num_devices),
-                "-m", self.runner_module, "--spec", str(run_dir / SPEC_FILE), "--out", str(run_dir / RESULT_FILE)]
+        program = engine_for(spec).program(spec)
+        launch = ([self.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                   str(spec.num_devices)] if program.under_torchrun else [self.python])
+        return [*launch, "-m", program.module, "--spec", str(run_dir / SPEC_FILE), "--out", str(run_dir / RESULT_FILE)]
 
     def environment(self, spec: RunSpec) -> dict[str, str]:
         env = dict(os.environ)  # NCCL_*/RCCL_*/CUDA_VISIBLE_DEVICES/... pass through unchanged
@@ -73,7 +76,7 @@ class LocalLauncher:
         return env
 
     def start(self, spec: RunSpec, run_id: str, run_dir: Path) -> LaunchHandle:
-        run_dir = prepare_run_dir(spec, run_id, Path(run_dir).resolve())
+        run_dir = prepare_run_dir(spec, run_id, Path(run_dir).resolve(), self.cluster)
         (run_dir / RESULT_FILE).unlink(missing_ok=True)  # a previous attempt's result must not be read as ours
         cmd = self.command(spec, run_dir)
         with (run_dir / LOG_FILE).open("ab") as log_file:

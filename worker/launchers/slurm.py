@@ -22,6 +22,7 @@ from pathlib import Path
 
 from core.clusters import Cluster, SlurmOptions
 from core.specs import RunSpec
+from worker.engines import engine_for
 from worker.launchers.base import (
     LOG_FILE,
     RESULT_FILE,
@@ -163,7 +164,7 @@ def submit_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
 
 
 def render_script(cluster: Cluster, spec: RunSpec, run_id: str, run_dir: Path, *, python: str,
-                  env: dict[str, str], runner_module: str = "runner", code_dir: Path = REPO_ROOT) -> str:
+                  env: dict[str, str], code_dir: Path = REPO_ROOT) -> str:
     """The job script: literals only, each through shlex.quote; shell variables come from Slurm itself.
     code_dir (this checkout, by default) goes first on PYTHONPATH: the nodes must see it, like the run dir."""
     lay = job_layout(cluster, spec.num_devices)
@@ -187,11 +188,21 @@ def render_script(cluster: Cluster, spec: RunSpec, run_id: str, run_dir: Path, *
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "rdzv_port=$(( 20000 + SLURM_JOB_ID % 10000 ))  # per job: two jobs may share a first node",
         'echo "[scalebench] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $head_node:$rdzv_port"',
-        f"srun --ntasks={lay.num_tasks} --ntasks-per-node={lay.tasks_per_node} --kill-on-bad-exit=1 \\",
-        f"  {q(python)} -m torch.distributed.run --nnodes={lay.num_tasks} --nproc-per-node={lay.ranks_per_task} \\",
-        f'  --rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id={q(run_id)} --max-restarts=0 \\',
-        f"  -m {q(runner_module)} --spec {q(str(run_dir / SPEC_FILE))} --out {q(str(run_dir / RESULT_FILE))}",
     ]
+    program = engine_for(spec).program(spec)
+    args = f"-m {q(program.module)} --spec {q(str(run_dir / SPEC_FILE))} --out {q(str(run_dir / RESULT_FILE))}"
+    if program.under_torchrun:
+        lines += [
+            f"srun --ntasks={lay.num_tasks} --ntasks-per-node={lay.tasks_per_node} --kill-on-bad-exit=1 \\",
+            f"  {q(python)} -m torch.distributed.run --nnodes={lay.num_tasks} --nproc-per-node={lay.ranks_per_task} \\",
+            f'  --rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id={q(run_id)} --max-restarts=0 \\',
+            f"  {args}",
+        ]
+    else:  # a program that starts its own ranks (a command engine): once per node, told where to meet
+        lines += [
+            'export SCALEBENCH_MASTER_ADDR="$head_node" SCALEBENCH_MASTER_PORT="$rdzv_port"',
+            f"srun --ntasks={lay.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {q(python)} {args}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -300,14 +311,13 @@ class SlurmLauncher:
     name = "slurm"
 
     def __init__(self, cluster: Cluster, *, python: str | None = None, env: dict[str, str] | None = None,
-                 runner_module: str = "runner", command_timeout_s: float = 30.0, query_interval_s: float = 5.0):
+                 command_timeout_s: float = 30.0, query_interval_s: float = 5.0):
         if cluster.launcher != "slurm":
             raise ValueError(f"cluster {cluster.name!r} has launcher {cluster.launcher!r}, not 'slurm'")
         self.cluster = cluster
         opts = cluster.slurm or SlurmOptions()
         self.python = python or opts.python or sys.executable
         self.env = passthrough_env(os.environ if env is None else env)
-        self.runner_module = runner_module
         self.command_timeout_s = command_timeout_s
         # A worker polls every ~0.5 s; slurmctld is asked at most this often per job while it waits or runs.
         self.query_interval_s = query_interval_s
@@ -323,9 +333,8 @@ class SlurmLauncher:
             raise ValueError(f"run_id {run_id!r} must match {RUN_ID_RE.pattern} (it names the Slurm job)")
         run_dir = Path(run_dir).resolve()
         args = sbatch_args(self.cluster, spec, run_id, run_dir)  # validates the layout before touching disk
-        script = render_script(self.cluster, spec, run_id, run_dir, python=self.python, env=self.env,
-                               runner_module=self.runner_module)
-        prepare_run_dir(spec, run_id, run_dir)
+        script = render_script(self.cluster, spec, run_id, run_dir, python=self.python, env=self.env)
+        prepare_run_dir(spec, run_id, run_dir, self.cluster, job_layout(self.cluster, spec.num_devices).num_nodes)
         (run_dir / RESULT_FILE).unlink(missing_ok=True)  # a previous attempt's result must not be read as ours
         (run_dir / SCRIPT_FILE).write_text(script)
         proc = _run(["sbatch", *args, str(run_dir / SCRIPT_FILE)], self.command_timeout_s, env=submit_env(os.environ))
