@@ -22,9 +22,14 @@ LAYOUT_STYLES = ("-", "--", "-.", ":")
 FAILED_COLOR = "#d62728"
 
 
-def _label(s: Series, multi_model: bool, multi_cluster: bool) -> str:
+ENGINE_MARKERS = {"scalebench": "o", "torchtitan": "s"}  # command engines: "^"
+
+
+def _label(s: Series, multi_model: bool, multi_cluster: bool, multi_engine: bool = False) -> str:
     k = s.key
     parts = [k.precision, k.layout]
+    if multi_engine:
+        parts.insert(0, k.engine)
     if multi_model:
         parts.insert(0, f"{k.model}/L{k.num_layers}")
     if multi_cluster:
@@ -34,7 +39,8 @@ def _label(s: Series, multi_model: bool, multi_cluster: bool) -> str:
 
 def _style(s: Series, layouts: list[str]) -> dict:
     return {"color": PRECISION_COLORS.get(s.key.precision, "black"),
-            "linestyle": LAYOUT_STYLES[layouts.index(s.key.layout) % len(LAYOUT_STYLES)], "marker": "o",
+            "linestyle": LAYOUT_STYLES[layouts.index(s.key.layout) % len(LAYOUT_STYLES)],
+            "marker": ENGINE_MARKERS.get(s.key.engine, "^"),
             "markersize": 4, "linewidth": 1.5}
 
 
@@ -102,8 +108,9 @@ def render_scaling_png(report: ScalingReport, *, title: str | None = None, dpi: 
     layouts = sorted({s.key.layout for s in report.series})
     multi_model = len({(s.key.model, s.key.num_layers) for s in report.series}) > 1
     multi_cluster = len({s.key.cluster for s in report.series}) > 1
+    multi_engine = len({s.key.engine for s in report.series}) > 1
     styles = {s.key: _style(s, layouts) for s in report.series}
-    labels = {s.key: _label(s, multi_model, multi_cluster) for s in report.series}
+    labels = {s.key: _label(s, multi_model, multi_cluster, multi_engine) for s in report.series}
     failed_labelled = False
     for s in report.series:
         _throughput(ax_x, s, styles[s.key], labels[s.key])

@@ -32,12 +32,22 @@ def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, fmt)
 
 
+def _engine(value: dict[str, Any] | Any) -> str:
+    return (value.get("engine") if isinstance(value, dict) else getattr(value, "engine", None)) or "scalebench"
+
+
 def runs_table(runs: list[dict[str, Any]]) -> Table:
+    """One row per run; the engine and seed columns appear when the experiment has several."""
+    engines = len({_engine(r) for r in runs}) > 1
+    seeds = len({r.get("seed", 0) for r in runs}) > 1
     table = Table(title="Runs", title_justify="left")
-    for col in ("run", "precision", "layout", "N", "status", "tok/s/dev", "step ms", "error"):
-        table.add_column(col, justify="right" if col in ("run", "N", "tok/s/dev", "step ms") else "left")
-    for r in sorted(runs, key=lambda r: (r["precision"], r["layout"], r["num_devices"], r["id"])):
-        table.add_row(str(r["id"]), r["precision"], r["layout"], str(r["num_devices"]), r["status"],
+    cols = ("run", *(["engine"] if engines else []), "precision", "layout", "N", *(["seed"] if seeds else []),
+            "status", "tok/s/dev", "step ms", "error")
+    for col in cols:
+        table.add_column(col, justify="right" if col in ("run", "N", "seed", "tok/s/dev", "step ms") else "left")
+    for r in sorted(runs, key=lambda r: (_engine(r), r["precision"], r["layout"], r["num_devices"], r["id"])):
+        table.add_row(str(r["id"]), *([_engine(r)] if engines else []), r["precision"], r["layout"],
+                      str(r["num_devices"]), *([str(r.get("seed", 0))] if seeds else []), r["status"],
                       _num(r.get("tokens_per_sec_per_device"), ",.0f"), _num(r.get("step_ms_median"), ".1f"),
                       r.get("error_kind") or "")
     return table
@@ -47,14 +57,29 @@ def scaling_table(report: ScalingReport) -> Table:
     table = Table(title="Scaling", title_justify="left",
                   caption="X = global tokens/s (median over repeats); E(N) = X(N) / (X(N0) * N / N0), N0 = smallest N",
                   caption_justify="left")
-    for col in ("precision", "layout", "N", "X tok/s", "tok/s/dev", "E(N)", "MFU", "status"):
-        table.add_column(col, justify="left" if col in ("precision", "layout", "status") else "right")
+    engines = len({s.key.engine for s in report.series}) > 1
+    for col in (*(["engine"] if engines else []), "precision", "layout", "N", "X tok/s", "tok/s/dev", "E(N)", "MFU",
+                "status"):
+        table.add_column(col, justify="left" if col in ("engine", "precision", "layout", "status") else "right")
     for s in report.series:
         for p in s.points:
             mfu = _num(p.mfu_vs_bf16_peak, ".1%") if p.mfu_vs_bf16_peak is not None else "n/a"
             status = p.status + (f" ({', '.join(p.flags)})" if p.flags else "")
-            table.add_row(s.key.precision, s.key.layout, str(p.num_devices), _num(p.tokens_per_sec, ",.0f"),
-                          _num(p.tokens_per_sec_per_device, ",.0f"), _num(p.efficiency, ".1%"), mfu, status)
+            table.add_row(*([s.key.engine] if engines else []), s.key.precision, s.key.layout, str(p.num_devices),
+                          _num(p.tokens_per_sec, ",.0f"), _num(p.tokens_per_sec_per_device, ",.0f"),
+                          _num(p.efficiency, ".1%"), mfu, status)
+    return table
+
+
+def engine_ratio_table(report: ScalingReport) -> Table:
+    table = Table(title="Engine ratio R(N) = X_engine(N) / X_scalebench(N)", title_justify="left",
+                  caption="the same model, precision, layout and N; above 1: the other engine is faster",
+                  caption_justify="left")
+    for col in ("engine", "precision", "layout", "N", "tok/s", "scalebench tok/s", "ratio"):
+        table.add_column(col, justify="left" if col in ("engine", "precision", "layout") else "right")
+    for r in report.engine_ratios:
+        table.add_row(r.engine, r.precision, r.layout, str(r.num_devices), f"{r.tokens_per_sec:,.0f}",
+                      f"{r.scalebench_tokens_per_sec:,.0f}", f"{r.ratio:.3f}")
     return table
 
 
@@ -97,7 +122,9 @@ def print_report(console: Console, report: ScalingReport, runs: list[dict[str, A
     console.print(scaling_table(report))
     if report.speedups:
         console.print(speedup_table(report))
+    if report.engine_ratios:
+        console.print(engine_ratio_table(report))
     if breakdown is not None and breakdown.series:
         console.print(breakdown_table(breakdown))
-    for note in [f"{s.key.precision}/{s.key.layout}: {n}" for s in report.series for n in s.notes]:
+    for note in [f"{s.key.label()}: {n}" for s in report.series for n in s.notes]:
         console.print(f"note: {note}")

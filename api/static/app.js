@@ -69,7 +69,8 @@ const CHARTS = [
   ["throughput", "Throughput X(N)", "global tokens/s, log scale; dotted: ideal linear scaling from N0"],
   ["efficiency", "Scaling efficiency E(N)", "X(N) / (X(N0)·N/N0), %; dashed: 100%"],
   ["breakdown", "Where the step time goes", "ms per step by category (profiled steps); one bar per precision · layout at each N"],
-  ["speedup", "fp8 speedup S(N)", "X_fp8 / X_bf16 at the same layout and N; dashed: 1×"],
+  ["speedup", "fp8 speedup S(N)", "X_fp8 / X_bf16 at the same engine, layout and N; dashed: 1×"],
+  ["engine", "Engine ratio R(N)", "X_engine / X_scalebench at the same precision, layout and N; dashed: 1×"],
   ["mfu", "MFU", "% of the device's dense bf16 peak (fp8 runs too)"],
   ["memory", "Peak memory", "GiB allocated, max over ranks"],
   ["loss", "Loss: fp8 vs bf16", "training loss per step, one run per precision and layout"],
@@ -81,8 +82,8 @@ function experimentPage(id) {
       ${k === "loss" ? `<div class="controls"><label>N = <select id="loss-n"></select></label></div>` : ""}
       <div class="chart" id="chart-${k}" data-points="0"></div></div>`).join("")}</div>
     <h2>Fits and notes</h2><div id="fits" class="note"></div>
-    <h2>Runs</h2><div class="tablewrap"><table id="runs"><thead><tr><th class="num">run</th><th>precision</th><th>layout</th>
-    <th class="num">N</th><th class="num">repeat</th><th>status</th><th>worker</th><th>started (UTC)</th><th>finished (UTC)</th>
+    <h2>Runs</h2><div class="tablewrap"><table id="runs"><thead><tr><th class="num">run</th><th>engine</th><th>precision</th><th>layout</th>
+    <th class="num">N</th><th class="num">seed</th><th class="num">repeat</th><th>status</th><th>worker</th><th>started (UTC)</th><th>finished (UTC)</th>
     <th>error</th></tr></thead><tbody></tbody></table></div>`;
   let lossN = null;
   const lossSelect = document.getElementById("loss-n");
@@ -114,8 +115,8 @@ function renderHead(e) {
 
 function renderRuns(items) {
   document.querySelector("#runs tbody").innerHTML = items.map((r) => `<tr id="run-${r.id}" data-status="${esc(r.status)}">
-    <td class="num"><a href="/runs/${r.id}">${r.id}</a></td><td>${esc(r.precision)}</td><td>${esc(r.layout)}</td>
-    <td class="num">${r.num_devices}</td><td class="num">${r.repeat}</td><td>${badge(r.status)}</td><td>${esc(r.worker || "")}</td>
+    <td class="num"><a href="/runs/${r.id}">${r.id}</a></td><td>${esc(r.engine || "scalebench")}</td><td>${esc(r.precision)}</td><td>${esc(r.layout)}</td>
+    <td class="num">${r.num_devices}</td><td class="num">${r.seed ?? 0}</td><td class="num">${r.repeat}</td><td>${badge(r.status)}</td><td>${esc(r.worker || "")}</td>
     <td>${esc((r.started_at || "").slice(0, 19).replace("T", " "))}</td><td>${esc((r.finished_at || "").slice(0, 19).replace("T", " "))}</td>
     <td class="err">${r.error_kind ? `${esc(r.error_kind)}: ${esc((r.error_message || "").slice(0, 160))}` : ""}</td></tr>`).join("");
 }
@@ -124,8 +125,9 @@ function styleFor(series, prefix) {
   const layouts = [...new Set(series.map((s) => s.key.layout))].sort();
   const multiModel = new Set(series.map((s) => `${s.key.model}/${s.key.num_layers}`)).size > 1;
   const multiCluster = new Set(series.map((s) => s.key.cluster)).size > 1;
+  const multiEngine = new Set(series.map((s) => s.key.engine || "scalebench")).size > 1;
   const precisions = [...new Set(series.map((s) => s.key.precision))];
-  return { label: (s) => SB.seriesLabel(s.key, { model: multiModel, cluster: multiCluster, prefix: prefix && prefix(s) }),
+  return { label: (s) => SB.seriesLabel(s.key, { model: multiModel, cluster: multiCluster, engine: multiEngine, prefix: prefix && prefix(s) }),
     color: (s) => SB.colorOf(s.key.precision, precisions.indexOf(s.key.precision)),
     dash: (s) => SB.LAYOUT_DASHES[layouts.indexOf(s.key.layout) % SB.LAYOUT_DASHES.length] };
 }
@@ -134,12 +136,14 @@ function scalingPanel(el, series, counts, style, kind) {
   const spec = { throughput: ["tokens_per_sec", 1, "tokens/s", "global throughput X(N) (tokens/s)"],
     efficiency: ["efficiency", 100, "%", "scaling efficiency E(N) (%)"],
     speedup: ["fp8_speedup", 1, "×", "fp8 speedup over bf16 S(N) (×)"],
+    engine: ["engine_ratio", 1, "×", "engine ratio X_engine / X_scalebench (×)"],
     mfu: ["mfu_vs_bf16_peak", 100, "%", "MFU vs dense bf16 peak (%)"],
     memory: ["peak_memory_allocated_gib", 1, "GiB", "peak memory allocated (GiB)"] }[kind];
   const [attr, scale, unit, title] = spec;
   const data = SB.seriesDatasets(series, attr, scale, style);
   if (!counts.length || (!data.length && !series.some((s) => s.points.some((p) => p.status === "failed")))) {
-    const why = { speedup: "no fp8/bf16 pair measured at the same layout and N", mfu: "no MFU: the device is not in the peak table (or no run succeeded)" }[kind];
+    const why = { speedup: "no fp8/bf16 pair measured at the same layout and N",
+      engine: "one engine only: add engines (torchtitan, command:<name>) to compare stacks", mfu: "no MFU: the device is not in the peak table (or no run succeeded)" }[kind];
     return SB.emptyChart(el, why || "no measured point yet");
   }
   const ys = data.flatMap((d) => d.data.map((p) => p.y));
@@ -150,17 +154,19 @@ function scalingPanel(el, series, counts, style, kind) {
   if (kind === "throughput") datasets.push(...SB.idealDatasets(series, style));
   if (kind === "efficiency") datasets.push(SB.refLine(counts, 100, "ideal (100%)"));
   if (kind === "speedup") datasets.push(SB.refLine(counts, 1, "no speedup (1×)"));
-  if (kind !== "speedup") { const f = SB.failedDataset(series, failedAt, style); if (f) datasets.push(f); }
+  if (kind === "engine") datasets.push(SB.refLine(counts, 1, "as fast as scalebench (1×)"));
+  if (kind !== "speedup" && kind !== "engine") { const f = SB.failedDataset(series, failedAt, style); if (f) datasets.push(f); }
   const y = log ? { type: "logarithmic", min: failedAt / 1.3, title: { display: true, text: title }, ticks: { callback: SB.logTick } }
-    : { type: "linear", beginAtZero: kind !== "speedup", title: { display: true, text: title } };
+    : { type: "linear", beginAtZero: kind !== "speedup" && kind !== "engine", title: { display: true, text: title } };
   if (kind === "efficiency") y.suggestedMax = 110;
   SB.drawChart(el, "line", { datasets }, SB.chartOptions(SB.gpuAxis(counts), y, unit));
 }
 
 function renderScaling(report) {
   const style = styleFor(report.series);
-  for (const kind of ["throughput", "efficiency", "speedup", "mfu", "memory"]) {
-    const series = kind === "speedup" ? report.series.filter((s) => s.key.precision.startsWith("fp8")) : report.series;
+  for (const kind of ["throughput", "efficiency", "speedup", "engine", "mfu", "memory"]) {
+    const series = kind === "speedup" ? report.series.filter((s) => s.key.precision.startsWith("fp8"))
+      : kind === "engine" ? report.series.filter((s) => (s.key.engine || "scalebench") !== "scalebench") : report.series;
     scalingPanel(document.getElementById(`chart-${kind}`), series, report.gpu_counts, style, kind);
   }
   document.getElementById("fits").innerHTML = report.series.map((s) => {

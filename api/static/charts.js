@@ -15,6 +15,7 @@ function seriesLabel(key, opts) {
   const parts = [key.precision, key.layout];
   if (opts && opts.model) parts.unshift(`${key.model}/L${key.num_layers}`);
   if (opts && opts.cluster) parts.push(`@${key.cluster}`);
+  if (opts && opts.engine) parts.unshift(key.engine || "scalebench");
   if (opts && opts.prefix) parts.unshift(opts.prefix);
   return parts.join(" · ");
 }
