@@ -10,6 +10,11 @@ min(V, ACTIVE_VOCAB) states whose offsets come from a fixed Zipf-weighted set of
 to tokens by a fixed random permutation of the vocabulary. Each token thus has NUM_OFFSETS successors with
 fixed probabilities: a bigram model with entropy H(offsets) ~ 2.0 nats, far below ln(V) (7.6 for the debug
 vocab, 11.8 for Llama-3's). A small A keeps it learnable in a few hundred steps at any vocab size.
+
+Held-out data (eval loss, spec.eval_every_steps): for a token file, windows of its `.val` split beside it
+(<stem>.val, runner.corpus), at offsets drawn from the eval batch index alone, so every evaluation of every run
+and seed scores the same held-out tokens; for the synthetic stream, sequences of the same chain (the chain is
+the seed's "language") addressed by negative steps, which training never uses.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import os
 
 import numpy as np
 import torch
+
+from runner.corpus import load_recipe, val_path
 
 NUM_OFFSETS = 16
 ACTIVE_VOCAB = 256
@@ -56,13 +63,22 @@ class SyntheticTokens:
 
 
 class MemmapTokens:
-    """Windows at seeded random offsets of a flat token file (uint16 when vocab < 65536, else uint32)."""
+    """Windows at seeded random offsets of a flat token file. Its dtype is the recipe's beside it (runner.corpus:
+    <stem>.json), else uint16 when the model's vocab < 65536 and uint32 otherwise."""
 
-    def __init__(self, path: str, vocab_size: int, seed: int):
+    def __init__(self, path: str, vocab_size: int, seed: int, field: str = "data_path"):
         if not os.path.exists(path):
-            raise FileNotFoundError(f"data_path {path!r} does not exist")
-        dtype = np.uint16 if vocab_size < 65536 else np.uint32
-        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+            raise FileNotFoundError(f"{field} {path!r} does not exist")
+        recipe = load_recipe(path)
+        if recipe is not None:
+            tokenizer_vocab = int(recipe.get("tokenizer", {}).get("vocab_size", 0))
+            if tokenizer_vocab > vocab_size:
+                raise ValueError(f"{field} {path!r}: its tokenizer's vocab ({tokenizer_vocab}) exceeds the model's "
+                                 f"vocab_size ({vocab_size}); build it with --vocab-size {vocab_size} or less")
+            dtype = np.dtype(recipe.get("dtype", "uint16"))
+        else:
+            dtype = np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
+        self.tokens = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r")
         self.seed = seed
 
     def sequence(self, step: int, index: int, length: int) -> torch.Tensor:
@@ -88,6 +104,30 @@ class Batches:
             # Pinned host memory lets the copy run asynchronously (no CPU-GPU sync point).
             batch = batch.pin_memory().to(self.device, non_blocking=True)
         return batch[:, :-1], batch[:, 1:]
+
+
+HELD_OUT_SEED = 0  # held-out windows of a .val file: the same for every run and seed
+
+
+def make_eval_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> Batches:
+    """Held-out batches: .get(b) for b in range(spec.eval_batches) is the b-th batch of every evaluation."""
+    if spec.data_path:
+        held_out = str(val_path(spec.data_path))
+        source = MemmapTokens(held_out, vocab_size, HELD_OUT_SEED, field="held-out split of data_path")
+    else:
+        source = HeldOutSynthetic(SyntheticTokens(vocab_size, spec.seed))
+    return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank,
+                   device=device)
+
+
+class HeldOutSynthetic:
+    """Sequences of the training chain that training never sees: eval batch b is step -(b + 1)."""
+
+    def __init__(self, source: SyntheticTokens):
+        self.source = source
+
+    def sequence(self, step: int, index: int, length: int) -> torch.Tensor:
+        return self.source.sequence(-(step + 1), index, length)
 
 
 def make_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> Batches:

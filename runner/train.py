@@ -20,9 +20,10 @@ from torch.distributed.tensor import DTensor
 
 from core.run_metrics import step_records, summarize
 from core.shapes import get_shape
-from core.specs import Numerics, RunResult, RunSpec
+from core.specs import EvalPoint, Numerics, RunResult, RunSpec
 from runner import failures
-from runner.data import make_batches
+from runner.corpus import describe
+from runner.data import make_batches, make_eval_batches
 from runner.env import capture_environment, expected_fp8_dtypes, gather_hosts, peaks_for, probe_device
 from runner.fp8 import fp8_dtypes_of_config, is_fp8, precompute_fp8_scales
 from runner.metrics import DeviceLog, StepTimer, peak_memory_gib
@@ -165,6 +166,42 @@ def run(spec: RunSpec, trace_dir: Path | None = None) -> RunResult:
     return state.result
 
 
+def eval_due(step: int, spec: RunSpec) -> bool:
+    """Evaluate after this (0-based) step: every eval_every_steps steps and after the last."""
+    every = spec.eval_every_steps
+    return bool(every) and ((step + 1) % every == 0 or step == spec.steps - 1)
+
+
+def evaluate(model, eval_batches, num_batches: int, amp, loss_fn) -> torch.Tensor:
+    """Mean held-out loss of this rank over num_batches batches, a 0-d device tensor (no CPU-GPU sync)."""
+    total = None
+    with torch.no_grad():
+        for b in range(num_batches):
+            inputs, labels = eval_batches.get(b)
+            with amp:
+                logits = model(inputs)
+            loss = loss_fn(logits, labels).detach().float()
+            del logits
+            total = loss if total is None else total + loss
+    return total / num_batches
+
+
+def read_eval_losses(losses: list[torch.Tensor]) -> list[float]:
+    """Per evaluation, the mean over all ranks (= over DP ranks: TP ranks of a DP group score the same batch)."""
+    if not losses:
+        return []
+    stacked = torch.stack(losses)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+        stacked = stacked / dist.get_world_size()
+    return stacked.cpu().tolist()  # CPU-GPU sync point (once)
+
+
+def data_description(spec: RunSpec) -> str:
+    """Numerics.data: "synthetic", or the token file's name and sha256 with its corpus and tokenizer recipe."""
+    return describe(spec.data_path) if spec.data_path else "synthetic"
+
+
 def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> None:
     device = state.device
     torch.manual_seed(spec.seed)
@@ -181,6 +218,8 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
                                             backend=dist.get_backend(), fp8_dtypes=fp8_dtypes)
     shape = get_shape(spec.model, spec.num_layers)
     batches = make_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
+    eval_batches = (make_eval_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
+                    if spec.eval_every_steps else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=device.type == "cuda", foreach=device.type != "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -200,6 +239,11 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
         torch.cuda.reset_peak_memory_stats(device)
     profiler = StepProfiler(spec, device, trace_dir)  # the last spec.profile_steps steps; no-op when 0
 
+    # Evaluations run between two timer marks; those intervals (eval_intervals: indices into timer.step_ms())
+    # are dropped before the figures, so eval is outside the timed steps.
+    eval_steps: list[int] = []
+    eval_losses: list[torch.Tensor] = []
+    eval_intervals: set[int] = set()
     timer.mark()
     for step in range(spec.steps):
         profiler.begin(step)
@@ -224,14 +268,23 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
         device_log.add(loss, grad_norm)  # stays on the device: no CPU-GPU sync point here
         timer.mark()
         profiler.end(step)
+        if eval_batches is not None and eval_due(step, spec):
+            eval_losses.append(evaluate(model, eval_batches, spec.eval_batches, amp, loss_fn))
+            eval_steps.append(step)
+            eval_intervals.add(step + len(eval_intervals) + 1)  # the interval after this step's
+            timer.mark()
         failures.maybe_inject(fault, step)
         if (step + 1) % log_every == 0 or step == spec.steps - 1:
             # loss.item(): CPU-GPU sync point, every log_every steps only (this rank's loss).
             log.info("step %d/%d loss %.4f lr %.2e", step + 1, spec.steps, loss.item(), state.lrs[-1])
 
     breakdown = profiler.finish()  # collective: each rank's trace -> breakdown, gathered
-    step_ms = timer.step_ms()
+    step_ms = [ms for i, ms in enumerate(timer.step_ms()) if i not in eval_intervals]
     losses, norms = device_log.read(reduce=True)
+    eval_values = read_eval_losses(eval_losses)
+    eval_tokens = spec.eval_batches * spec.local_batch_size * spec.seq_len * spec.degrees.dp_degree
+    eval_curve = [EvalPoint(step=s, loss=v if math.isfinite(v) else None, num_tokens=eval_tokens)
+                  for s, v in zip(eval_steps, eval_values)]
     bf16_peak, own_peak, mfu_note = peaks_for(info, spec.precision)
     unprofiled_ms = step_ms[:profiler.first]  # profiled steps (the last ones) are slower: not in the figures
     summary = summarize(unprofiled_ms, warmup_steps=spec.warmup_steps, tokens_per_step=spec.tokens_per_step,
@@ -240,7 +293,8 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
                         memory=peak_memory_gib(device), num_float8_linears=facts["num_float8_linears"])
     steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
     state.result = RunResult(run_key=spec.run_key(), status="succeeded", steps=steps, summary=summary,
-                             numerics=Numerics(final_loss=losses[-1], loss_curve=losses),
+                             numerics=Numerics(final_loss=losses[-1], loss_curve=losses, eval_curve=eval_curve,
+                                               data=data_description(spec)),
                              environment=state.environment, breakdown=breakdown)
     log.info("done: %.0f tokens/s, %.1f ms/step median, mfu %s", summary.tokens_per_sec, summary.step_ms_median,
              f"{summary.mfu_vs_bf16_peak:.3f}" if summary.mfu_vs_bf16_peak is not None else "n/a")
