@@ -10,7 +10,8 @@ A pure state-machine step the scheduler calls once a night per (run key, cluster
 - band = max(threshold * baseline, 3 * sigma) around the baseline (threshold default 5%, per metric);
 - worse than the band: first night `suspected`, the next bad night `confirmed`; back inside: `recovered`;
   better than the band: `improved`; a point that used to succeed and now fails: `failed`.
-- a metric with an absolute `limit` (the fp8-vs-bf16 loss gap) is bad when beyond it, history aside.
+- a metric with an absolute `limit` (the fp8-vs-bf16 loss gap; `numerics`, 1 when the fp8 loss verdict is
+  `differs`) is bad when beyond it, history aside.
 
 Each finding of a regression carries the environment diff between the last good and the first bad run,
 the changed keys first: the likely cause.
@@ -55,6 +56,9 @@ DEFAULT_METRICS: dict[str, MetricConfig] = {
     "peak_memory_allocated_gib": MetricConfig("peak_memory_allocated_gib", higher_is_better=False),
     # |fp8 - bf16| / bf16 final loss; measured gaps on an H200 were within 1.2% (bench/results/2026-12-02-gpu-runner.md)
     "fp8_loss_gap": MetricConfig("fp8_loss_gap", higher_is_better=False, limit=0.03),
+    # the fp8 loss verdict (core.numerics): 1 = differs (outside its noise band and the 1% tolerance), 0 = tracks;
+    # a night that says differs is a regression of kind numerics, history aside
+    "numerics": MetricConfig("numerics", higher_is_better=False, limit=0.5),
 }
 
 
@@ -136,6 +140,11 @@ def fp8_loss_gap(fp8_final_loss: float, bf16_final_loss: float) -> float:
     if bf16_final_loss <= 0:
         raise ValueError(f"bf16_final_loss must be > 0, got {bf16_final_loss}")
     return abs(fp8_final_loss - bf16_final_loss) / bf16_final_loss
+
+
+def numerics_value(verdict: str | None) -> float | None:
+    """The `numerics` metric of an fp8 loss verdict: differs 1.0, tracks 0.0, inconclusive or none: no value."""
+    return {"differs": 1.0, "tracks": 0.0}.get(verdict) if verdict else None
 
 
 # ------------------------------------------------------------------------------------ environment diff

@@ -26,7 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from core.scaling_fits import MIN_FIT_POINTS, AmdahlParams, USLParams, fit_amdahl, fit_usl
+from core.numerics import LossVerdict, RunLosses, loss_verdict
+from core.scaling_fits import MIN_FIT_POINTS, AmdahlParams, FitRefused, USLParams, fit_amdahl, fit_usl
 from core.specs import FP8_PRECISIONS, resolve_layout
 
 NOISY_SPREAD = 0.05  # a point whose repeats spread more than 5% of their median is flagged noisy
@@ -156,6 +157,13 @@ class SpeedupPoint(_Out):
     fp8_final_loss: float | None = None
     bf16_final_loss: float | None = None
     loss_rel_gap: float | None = None  # (fp8 - bf16) / bf16 final loss
+    # Does fp8 loss track bf16 (core.numerics): the window gap, its noise band, the verdict and why; None when
+    # the report was built without loss curves. loss_numerics: the whole verdict (window, slopes, source, seeds).
+    loss_verdict: str | None = None  # tracks | differs | inconclusive
+    loss_gap: float | None = None  # (fp8 - bf16) / bf16 mean loss over the window, mean over seeds
+    loss_gap_band: float | None = None  # half-width of the noise band of loss_gap
+    loss_verdict_reason: str | None = None
+    loss_numerics: LossVerdict | None = None
 
 
 class EngineRatioPoint(_Out):
@@ -326,12 +334,15 @@ def _with_efficiency(points: list[dict], baseline_n: int | None) -> tuple[int | 
 
 
 def _prediction(predict, num_devices: int | None, measured: Mapping[int, float], n0: int | None) -> Prediction | None:
+    """X and E predicted at `num_devices`; None without a size, or where X leaves the float range."""
     if num_devices is None:
         return None
-    x = predict(num_devices)
+    x = _finite(predict(num_devices))
+    if x is None:
+        return None
     lo, hi = min(measured), max(measured)
     extrapolated = not lo <= num_devices <= hi
-    eff = x / (measured[n0] * num_devices / n0) if n0 in measured else None
+    eff = _finite((x / measured[n0]) * (n0 / num_devices)) if n0 in measured else None  # ratio first: no overflow
     note = (
         f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}"
         if extrapolated
@@ -347,12 +358,12 @@ FIT_CACHE_SIZE = 4096
 
 
 @functools.lru_cache(maxsize=FIT_CACHE_SIZE)
-def _amdahl_params(points: tuple[tuple[int, float], ...]) -> AmdahlParams:
+def _amdahl_params(points: tuple[tuple[int, float], ...]) -> AmdahlParams | FitRefused:
     return fit_amdahl([n for n, _ in points], [x for _, x in points])
 
 
 @functools.lru_cache(maxsize=FIT_CACHE_SIZE)
-def _usl_params(points: tuple[tuple[int, float], ...]) -> USLParams:
+def _usl_params(points: tuple[tuple[int, float], ...]) -> USLParams | FitRefused:
     return fit_usl([n for n, _ in points], [x for _, x in points])
 
 
@@ -364,6 +375,8 @@ def _fit_amdahl(measured: Mapping[int, float], full_n: int | None, n0: int | Non
             num_points=len(measured),
         )
     p = _amdahl_params(tuple(measured.items()))
+    if isinstance(p, FitRefused):  # the fits are total: a refusal carries its reason, never an exception
+        return AmdahlFit(fitted=False, reason=p.reason, num_points=len(measured))
     q = p.quality
     return AmdahlFit(
         fitted=True,
@@ -385,6 +398,8 @@ def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) 
             num_points=len(measured),
         )
     p = _usl_params(tuple(measured.items()))
+    if isinstance(p, FitRefused):
+        return USLFit(fitted=False, reason=p.reason, num_points=len(measured))
     q, peak = p.quality, p.peak_num_devices
     return USLFit(
         fitted=True,
@@ -395,7 +410,7 @@ def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) 
         rms_rel_error=q.rms_rel_error,
         num_points=q.num_points,
         peak_num_devices=peak,
-        peak_tokens_per_sec=p.predict(peak) if peak else None,
+        peak_tokens_per_sec=_finite(p.predict(peak)) if peak else None,
         peak_extrapolated=(not min(measured) <= peak <= max(measured)) if peak else None,
         prediction=_prediction(p.predict, full_n, measured, n0),
     )
@@ -445,8 +460,20 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPo
     return out
 
 
-def _speedups(groups: Mapping[SeriesKey, list[dict]]) -> list[SpeedupPoint]:
-    """S(N) of every fp8 point against the bf16 point of its pair series; points as ScalingPoint fields."""
+def _verdict_fields(p: dict, b: dict, run_losses: Mapping[str, RunLosses] | None) -> dict:
+    """The loss verdict of an fp8 point against its bf16 twin, from their runs' curves (none: no verdict)."""
+    if run_losses is None:
+        return {}
+    v = loss_verdict([run_losses[i] for i in p.get("run_ids", []) if i in run_losses],
+                     [run_losses[i] for i in b.get("run_ids", []) if i in run_losses])
+    return dict(loss_verdict=v.verdict, loss_gap=v.gap, loss_gap_band=v.band, loss_verdict_reason=v.reason,
+                loss_numerics=v)
+
+
+def _speedups(groups: Mapping[SeriesKey, list[dict]],
+              run_losses: Mapping[str, RunLosses] | None = None) -> list[SpeedupPoint]:
+    """S(N) of every fp8 point against the bf16 point of its pair series; points as ScalingPoint fields.
+    run_losses (run id -> its curves): each pair also gets its loss verdict."""
     bf16 = {_pair_key(k): {p["num_devices"]: p for p in pts} for k, pts in groups.items() if k.precision == "bf16"}
     out = []
     for k, pts in groups.items():
@@ -473,6 +500,7 @@ def _speedups(groups: Mapping[SeriesKey, list[dict]]) -> list[SpeedupPoint]:
                         fp8_final_loss=loss,
                         bf16_final_loss=b_loss,
                         loss_rel_gap=gap,
+                        **_verdict_fields(p, b, run_losses),
                     )
                 )
     return out
@@ -506,6 +534,7 @@ def build_report(
     baseline_num_devices: int | None = None,
     full_size_by_cluster: Mapping[str, int] | None = None,
     noisy_spread: float = NOISY_SPREAD,
+    run_losses: Mapping[str, RunLosses] | None = None,
 ) -> ScalingReport:
     """Scaling report of the runs of one experiment (or several to compare).
 
@@ -514,7 +543,8 @@ def build_report(
     extrapolation beyond the measured range).
     """
     return build_report_from_points(aggregate_points(runs), baseline_num_devices=baseline_num_devices,
-                                     full_size_by_cluster=full_size_by_cluster, noisy_spread=noisy_spread)
+                                     full_size_by_cluster=full_size_by_cluster, noisy_spread=noisy_spread,
+                                     run_losses=run_losses)
 
 
 def build_report_from_points(
@@ -523,16 +553,18 @@ def build_report_from_points(
     baseline_num_devices: int | None = None,
     full_size_by_cluster: Mapping[str, int] | None = None,
     noisy_spread: float = NOISY_SPREAD,
+    run_losses: Mapping[str, RunLosses] | None = None,
 ) -> ScalingReport:
     """build_report over points already aggregated (aggregate_points, or the database's GROUP BY): one
-    PointRuns per (series, N), series in order of their first run."""
+    PointRuns per (series, N), series in order of their first run. run_losses: run id (str) -> its loss curves
+    (db.analysis.load_run_losses), for the fp8 loss verdicts; None: no verdicts."""
     by_key: dict[SeriesKey, dict[int, PointRuns]] = {}
     for p in points:
         by_key.setdefault(p.key, {})[p.num_devices] = p
     all_counts = sorted({n for by_n in by_key.values() for n in by_n})
     sized = {k: _points(by_n, k.layout, all_counts, noisy_spread) for k, by_n in by_key.items()}
     groups = {k: pts for k, (pts, _) in sized.items()}
-    speedups = _speedups(groups)
+    speedups = _speedups(groups, run_losses)
     engine_ratios = _engine_ratios(groups)
     s_of = {(sp.engine, sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices):
             sp.speedup for sp in speedups}
@@ -582,23 +614,37 @@ CSV_COLUMNS = (
     "num_succeeded",
     "num_failed",
     "flags",
+    "loss_verdict",  # fp8 points: core.numerics (empty for bf16 and without curves)
+    "loss_gap",
+    "loss_gap_band",
+    "loss_verdict_reason",
 )
 
 
 def to_csv_rows(report: ScalingReport) -> list[dict[str, object]]:
     """One row per series point, keys in CSV_COLUMNS order; flags joined with ';'."""
     rows = []
+    verdicts = {(sp.engine, sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster,
+                 sp.num_devices): sp for sp in report.speedups}
     for s in report.series:
         for p in s.points:
             row = {**s.key.model_dump(), **p.model_dump(exclude={"flags", "run_ids"})}
             row["flags"] = ";".join(p.flags)
+            sp = verdicts.get(_point_key(s.key, p.num_devices))
+            for c in ("loss_verdict", "loss_gap", "loss_gap_band", "loss_verdict_reason"):
+                row[c] = getattr(sp, c) if sp is not None else None
             rows.append({c: row[c] for c in CSV_COLUMNS})
     return rows
+
+
+def _csv_value(value: object) -> object:
+    """A number that is not finite is written as an empty cell, as JSON writes it null (never `inf`)."""
+    return "" if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def to_csv(report: ScalingReport) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(to_csv_rows(report))
+    writer.writerows({c: _csv_value(v) for c, v in row.items()} for row in to_csv_rows(report))
     return buf.getvalue()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import sys
 from array import array
 from collections.abc import MutableMapping, Sequence
@@ -26,7 +27,9 @@ from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 
+from core.numerics import RunLosses
 from core.scaling import PointRuns, PointValues, RunPoint, SeriesKey, aggregate_points
+from core.specs import FP8_PRECISIONS
 from db.models import Experiment, Run, RunLossCurve, RunSummary, StepMetric
 
 # Cancelled runs are left out of the curves: the point they belonged to shows as missing (nothing was
@@ -411,3 +414,44 @@ def loss_curves(
             n, steps, losses = from_steps[r.id]
             out.append(LossCurve(**where, num_steps=n, steps=steps, losses=losses, source="steps"))
     return out
+
+
+# ------------------------------------------------------------------------------- loss verdict inputs
+
+
+def _eval_curve_column(dialect: str) -> sa.ColumnElement:
+    """runs.result -> numerics.eval_curve (JSON). On SQLite a result JSON that is not valid reads as NULL
+    (as _final_loss does) instead of failing the query."""
+    expr = Run.result[("numerics", "eval_curve")]
+    return sa.case((sa.func.json_valid(Run.result), expr)) if dialect == "sqlite" else expr
+
+
+def _eval_points(raw: Any) -> tuple[tuple[int, ...], tuple[float | None, ...]]:
+    if isinstance(raw, str):  # SQLite's CASE returns the JSON text
+        raw = json.loads(raw)
+    points = [p for p in raw or [] if isinstance(p, dict) and isinstance(p.get("step"), int)]
+    return tuple(p["step"] for p in points), tuple(p.get("loss") for p in points)
+
+
+def load_run_losses_many(session: Session, experiment_ids: Sequence[int]) -> dict[int, dict[str, RunLosses]]:
+    """The loss curves the fp8 loss verdict compares (core.numerics), keyed by experiment id then run id (str):
+    every succeeded bf16 and fp8 run with a stored curve, its seed and its held-out (eval) curve. One query."""
+    stmt = (
+        sa.select(Run.experiment_id, Run.id, Run.seed, RunLossCurve.steps_i64, RunLossCurve.losses_f64,
+                  _eval_curve_column(session.get_bind().dialect.name))
+        .join(RunLossCurve, RunLossCurve.run_id == Run.id)
+        .where(Run.experiment_id.in_(list(experiment_ids)), Run.status == "succeeded",
+               Run.precision.in_(("bf16", *FP8_PRECISIONS)))
+        .order_by(Run.experiment_id, Run.id)
+    )
+    out: dict[int, dict[str, RunLosses]] = {i: {} for i in experiment_ids}
+    for exp_id, run_id, seed, steps_raw, losses_raw, eval_raw in session.execute(stmt):
+        eval_steps, eval_losses = _eval_points(eval_raw)
+        out[exp_id][str(run_id)] = RunLosses(
+            run_id=str(run_id), seed=seed or 0, steps=tuple(_unpacked("q", steps_raw)),
+            losses=tuple(_unpacked("d", losses_raw)), eval_steps=eval_steps, eval_losses=eval_losses)
+    return out
+
+
+def load_run_losses(session: Session, experiment_id: int) -> dict[str, RunLosses]:
+    return load_run_losses_many(session, [experiment_id])[experiment_id]

@@ -8,9 +8,13 @@ speedup use the same definitions as the curves):
   efficiency                 E(N) against the series' smallest measured N (absent at N0 itself: always 1)
   fp8_speedup                S(N) = X_fp8(N) / X_bf16(N); fp8 points whose bf16 twin was measured
   peak_memory_allocated_gib  median over repeats (higher is worse)
-  fp8_loss_gap               |fp8 - bf16| / bf16 final loss (core.regression.fp8_loss_gap)
+  fp8_loss_gap               |fp8 - bf16| / bf16 loss over the verdict's window (core.numerics), when the
+                             verdict is tracks or differs (an inconclusive point, e.g. a still-falling curve, has
+                             none); the final step's loss when no curve is stored
+  numerics                   1 when the fp8 loss verdict is `differs`, 0 when `tracks` (absent: inconclusive);
+                             a `differs` night is a regression of kind numerics (core.regression, limit 0.5)
 
-Loading is two queries whatever the number of nights (runs LEFT JOIN summaries, experiments).
+Loading is three queries whatever the number of nights (runs LEFT JOIN summaries, experiments, loss curves).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.regression import fp8_loss_gap
+from core.numerics import RunLosses
+from core.regression import fp8_loss_gap, numerics_value
 from core.scaling import RunPoint, ScalingPoint, build_report
+from db.analysis import load_run_losses_many
 from db.models import Experiment, Run, RunSummary
 
 PointKey = tuple[str, str]  # (run_key, cluster)
@@ -70,22 +76,37 @@ def _load_rows(session: Session, experiment_ids: Sequence[int]) -> dict[int, lis
     return out
 
 
-def _metrics(sp: ScalingPoint, baseline_n: int | None, loss_gap: float | None) -> dict[str, float]:
+def _metrics(sp: ScalingPoint, baseline_n: int | None, loss_gap: float | None,
+             numerics: float | None = None) -> dict[str, float]:
     values = {"tokens_per_sec": sp.tokens_per_sec, "fp8_speedup": sp.fp8_speedup,
               "peak_memory_allocated_gib": sp.peak_memory_allocated_gib, "fp8_loss_gap": loss_gap,
+              "numerics": numerics,
               "efficiency": sp.efficiency if sp.num_devices != baseline_n else None}
     return {k: float(v) for k, v in values.items() if v is not None}
 
 
-def _nights_of(exp_id: int, timestamp: datetime, rows: list[_RunRow]) -> dict[PointKey, PointNight]:
-    report = build_report([r.run for r in rows])
+def _loss_gap(sp) -> float | None:
+    """|window gap| of a tracks/differs verdict; the final-loss gap when the report had no curve for it."""
+    if sp.loss_numerics is not None and sp.loss_numerics.verdict == "inconclusive":
+        return None
+    if sp.loss_gap is not None:
+        return abs(sp.loss_gap)
+    if sp.loss_verdict is None and sp.fp8_final_loss is not None and sp.bf16_final_loss:
+        return fp8_loss_gap(sp.fp8_final_loss, sp.bf16_final_loss)
+    return None
+
+
+def _nights_of(exp_id: int, timestamp: datetime, rows: list[_RunRow],
+               run_losses: dict[str, RunLosses] | None = None) -> dict[PointKey, PointNight]:
+    report = build_report([r.run for r in rows], run_losses=run_losses)
     by_point: dict[tuple, tuple[ScalingPoint, int | None]] = {}
     for s in report.series:
         for p in s.points:
             by_point[(*s.key.model_dump().values(), p.num_devices)] = (p, s.baseline_num_devices)
-    gaps = {(sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices):
-            fp8_loss_gap(sp.fp8_final_loss, sp.bf16_final_loss)
-            for sp in report.speedups if sp.fp8_final_loss is not None and sp.bf16_final_loss}
+    speedups = {(sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp
+                 for sp in report.speedups}
+    gaps = {ident: _loss_gap(sp) for ident, sp in speedups.items()}
+    verdicts = {ident: numerics_value(sp.loss_verdict) for ident, sp in speedups.items()}
     groups: dict[PointKey, list[_RunRow]] = {}
     for r in rows:
         groups.setdefault((r.run_key, r.run.cluster), []).append(r)
@@ -101,7 +122,8 @@ def _nights_of(exp_id: int, timestamp: datetime, rows: list[_RunRow]) -> dict[Po
         label = dict(zip(("model", "num_layers", "precision", "layout", "scaling", "cluster", "num_devices"), ident))
         out[key] = PointNight(experiment_id=exp_id, timestamp=timestamp, run_key=key[0], cluster=key[1],
                               status=status, run_id=int(chosen.run.run_id), environment=chosen.environment,
-                              metrics=_metrics(sp, n0, gaps.get(ident)) if status == "succeeded" else {},
+                              metrics=(_metrics(sp, n0, gaps.get(ident), verdicts.get(ident))
+                                       if status == "succeeded" else {}),
                               label=label)
     return out
 
@@ -115,4 +137,5 @@ def load_nights(session: Session, experiment_ids: Sequence[int]) -> dict[int, di
         i: t for i, t in session.execute(sa.select(Experiment.id, Experiment.created_at).where(Experiment.id.in_(ids)))
     }
     rows = _load_rows(session, ids)
-    return {i: _nights_of(i, stamps[i], rows[i]) if i in stamps else {} for i in ids}
+    losses = load_run_losses_many(session, ids)
+    return {i: _nights_of(i, stamps[i], rows[i], losses[i]) if i in stamps else {} for i in ids}

@@ -28,7 +28,8 @@ from db.experiments import create_experiment
 from db.models import Experiment, utcnow
 from db.models_nightly import DEFAULT_SCHEDULE, Suite
 
-NIGHTLY_METRICS = ("tokens_per_sec", "efficiency", "fp8_speedup", "peak_memory_allocated_gib", "fp8_loss_gap")
+NIGHTLY_METRICS = ("tokens_per_sec", "efficiency", "fp8_speedup", "peak_memory_allocated_gib", "fp8_loss_gap",
+                   "numerics")
 # Ratios of two throughputs carry the noise of both: with +-3% on each, E(N) and S(N) move +-6%. Simulated
 # over 300 seeded 30-night series (uniform +-3% per run): threshold 5% gave 15% of series a false alarm,
 # 8% gave none, and still caught a 12% drop on the first two nights in 82% of series.

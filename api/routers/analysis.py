@@ -139,9 +139,11 @@ def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[
 def _report(request: Request, session: Session, experiment_id: int, baseline: int | None,
             full_size: int | None) -> ScalingReport:
     points = aq.load_scaling_points(session, experiment_id, _point_values(request))
+    run_losses = aq.load_run_losses(session, experiment_id)  # the fp8 loss verdicts' curves
     session.close()  # hand the connection back before the CPU-bound build (loaded rows stay usable)
     sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points})
-    return build_report_from_points(points, baseline_num_devices=baseline, full_size_by_cluster=sizes)
+    return build_report_from_points(points, baseline_num_devices=baseline, full_size_by_cluster=sizes,
+                                    run_losses=run_losses)
 
 
 @router.get("/experiments/{experiment_id}/scaling", response_model=ScalingReport,
@@ -290,12 +292,13 @@ def get_compare(
 
     def build() -> tuple[str, bytes]:
         points = aq.load_scaling_points_many(session, ids, _point_values(request))
+        run_losses = aq.load_run_losses_many(session, ids)
         session.close()  # hand the connection back before the CPU-bound builds
         out = []
         for i in ids:
             sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points[i]})
             report = build_report_from_points(points[i], baseline_num_devices=baseline_num_devices,
-                                              full_size_by_cluster=sizes)
+                                              full_size_by_cluster=sizes, run_losses=run_losses[i])
             out.append(
                 CompareExperiment(
                     id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source, report=report
