@@ -71,14 +71,19 @@ def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | 
         highlight=False,
     )
     for s in created.get("skipped") or []:
-        console.print(f"  skipped {s['precision']}/{s['layout']}/N={s['num_devices']}: {s['reason']}", highlight=False)
+        engine = "" if s.get("engine", "scalebench") == "scalebench" else f"{s['engine']}/"
+        console.print(f"  skipped {engine}{s['precision']}/{s['layout']}/N={s['num_devices']}: {s['reason']}",
+                      highlight=False)
     if not created.get("dispatched", True):
         console.print(f"[yellow]{created.get('dispatch_message')}[/yellow]")
     return created
 
 
 def _run_label(run: dict[str, Any]) -> str:
-    return f"run {run['id']:>4} {run['precision']:<15} {run['layout']:<10} N={run['num_devices']:<3}"
+    engine = run.get("engine", "scalebench")
+    seed = f" seed={run['seed']}" if run.get("seed") else ""
+    return (f"run {run['id']:>4} {'' if engine == 'scalebench' else engine + ' '}{run['precision']:<15} "
+            f"{run['layout']:<10} N={run['num_devices']:<3}{seed}")
 
 
 def _step_progress(client: ApiClient, run_id: int) -> tuple[int, int] | None:

@@ -1,0 +1,176 @@
+"""Engines through the whole service on one GPU node, the way a user does it first, and TorchTitan run directly.
+
+1. `python -m cli.main up` (the embedded stack: API, worker, scheduler; SQLite + filesystem broker) with a
+   clusters file describing this node (one GPU, `torchtitan = true`);
+2. `python -m cli.main submit SPEC --wait`: engines [scalebench, torchtitan] x bf16 and the three float8 recipes,
+   Llama-3-8B dims with --layers layers, --seq-len tokens a step, compile; the CLI prints its tables;
+3. the served report (JSON, CSV, PNG) is saved, and the engine ratio R = X_torchtitan / X_scalebench read from it;
+4. bench/peer_torchtitan.py --systems titan on the same machine right after, the same shape, warm-up and timed
+   steps (the same inductor cache): TorchTitan driven directly, its figure beside the service's.
+
+Prints one table: per recipe, scalebench and TorchTitan through the service, R, TorchTitan direct, and
+service / direct for TorchTitan. Run from the repository root on the GPU node (wheels: scripts/offline-wheels.sh):
+
+    PYTHONUNBUFFERED=1 python3 bench/engines_gpu.py --out OUT [--layers 16 --steps 16 --warmup 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = {"bf16": "bf16", "fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise",
+           "fp8-rowwise-gw-hp": "rowwise_with_gw_hp"}  # our precision -> bench/peer_torchtitan.py's recipe
+
+
+def clusters_toml(device_name: str, smoke: bool) -> str:
+    vendor, titan = ("cpu", "false") if smoke else ("nvidia", "true")
+    return (f'[[cluster]]\nname = "gpu-node"\nvendor = "{vendor}"\ndevice_name = "{device_name}"\n'
+            f'gpus_per_node = 1\nmax_nodes = 1\nlauncher = "local"\ntorchtitan = {titan}\n')
+
+
+def spec_yaml(args: argparse.Namespace) -> str:
+    spec = {"name": f"engines: scalebench vs torchtitan, 8b x{args.layers}, {args.seq_len} tokens",
+            "model": "8b", "num_layers": args.layers, "cluster": "gpu-node", "gpu_counts": [1],
+            "engines": ["scalebench", "torchtitan"], "precisions": list(RECIPES), "layouts": ["fsdp"],
+            "seq_len": args.seq_len, "local_batch_size": 1, "steps": args.steps, "warmup_steps": args.warmup,
+            "compile": True, "timeout_s": args.run_timeout_s, "tags": ["engines", "gpu"]}
+    if args.smoke:  # CPU: the service path only (TorchTitan trains on GPUs)
+        spec |= {"name": "engines smoke", "model": "debug", "num_layers": 1, "engines": ["scalebench"],
+                 "precisions": ["fp32", "fp8-tensorwise"], "seq_len": 64, "compile": False}
+    return json.dumps(spec, indent=1)  # JSON is YAML
+
+
+def start_stack(env: dict[str, str], port: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+    log = log_path.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", str(port)], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url, token_file = f"http://127.0.0.1:{port}", Path(env["SCALEBENCH_DATA_DIR"]) / "token"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"scalebench up exited:\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200 and token_file.is_file():
+                return proc, token_file.read_text().strip()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"scalebench up did not answer within 120 s:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_stack(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_service(args: argparse.Namespace, out: Path, env: dict[str, str]) -> dict:
+    (out / "clusters.toml").write_text(clusters_toml(args.device_name, args.smoke))
+    (out / "spec.yaml").write_text(spec_yaml(args))
+    env = env | {"SCALEBENCH_CLUSTERS_FILE": str(out / "clusters.toml")}
+    proc, token = start_stack(env, args.port, out / "stack.log")
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        t0 = time.monotonic()
+        cli = [sys.executable, "-m", "cli.main", "submit", str(out / "spec.yaml"), "--wait", "--server", url,
+               "--token", token]
+        code = subprocess.run(cli, cwd=REPO, env=env).returncode
+        print(f"[engines] submit --wait exited {code} after {time.monotonic() - t0:.0f} s", flush=True)
+        headers = {"Authorization": f"Bearer {token}"}
+        exp_id = httpx.get(f"{url}/experiments?limit=1", headers=headers).json()["items"][0]["id"]
+        report = httpx.get(f"{url}/experiments/{exp_id}/scaling", headers=headers).json()
+        (out / "service_report.json").write_text(json.dumps(report, indent=1))
+        (out / "service_scaling.csv").write_text(
+            httpx.get(f"{url}/experiments/{exp_id}/scaling?format=csv", headers=headers).text)
+        (out / "service_scaling.png").write_bytes(
+            httpx.get(f"{url}/experiments/{exp_id}/scaling.png", headers=headers).content)
+        runs = httpx.get(f"{url}/experiments/{exp_id}/runs?limit=100", headers=headers).json()["items"]
+        details = [httpx.get(f"{url}/runs/{r['id']}", headers=headers).json() for r in runs]
+        (out / "service_runs.json").write_text(json.dumps(details, indent=1))
+        return report
+    finally:
+        stop_stack(proc)
+
+
+def run_direct(args: argparse.Namespace, out: Path, env: dict[str, str]) -> list[dict]:
+    """TorchTitan driven directly by bench/peer_torchtitan.py (same shape, warm-up and timed steps)."""
+    work = Path(tempfile.mkdtemp(prefix="peer-"))
+    cmd = [sys.executable, str(REPO / "bench" / "peer_torchtitan.py"), "--out", str(out / "direct"), "--work",
+           str(work), "--systems", "titan", "--recipes", ",".join(RECIPES.values()), "--layers", str(args.layers),
+           "--seq-len", str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps - args.warmup),
+           "--loss-steps", "0", "--budget-s", str(args.direct_budget_s), "--job-timeout-s", "180",
+           "--min-job-s", "30"]
+    print("[engines] " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=REPO, env=env)
+    path = out / "direct" / "peer_results.json"
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def table(report: dict, direct: list[dict], seq_len: int) -> str:
+    """Markdown: per recipe, both engines through the service, R(N=1), TorchTitan direct, service / direct."""
+    x = {(s["key"]["engine"], s["key"]["precision"]): s["points"][0].get("tokens_per_sec") for s in report["series"]}
+    ratio = {r["precision"]: r["ratio"] for r in report.get("engine_ratios", [])}
+    titan = {d["recipe"]: seq_len / (d["step_ms_median"] / 1000.0) for d in direct if d.get("ok")}
+    rows = ["| precision | scalebench tok/s (service) | torchtitan tok/s (service) | R = titan / scalebench | "
+            "torchtitan tok/s (direct) | titan service / direct |", "|---|---|---|---|---|---|"]
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    for precision, recipe in RECIPES.items():
+        ts, td = x.get(("torchtitan", precision)), titan.get(recipe)
+        rows.append(f"| {precision} | {fmt(x.get(('scalebench', precision)), ',.0f')} | {fmt(ts, ',.0f')} | "
+                    f"{fmt(ratio.get(precision), '.3f')} | {fmt(td, ',.0f')} | "
+                    f"{fmt(ts / td if ts and td else None, '.3f')} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "engines-out")))
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=16, help="steps per run, warm-up included")
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--device-name", default="NVIDIA H200")
+    ap.add_argument("--run-timeout-s", type=int, default=300)
+    ap.add_argument("--direct-budget-s", type=float, default=200.0, help="bench/peer_torchtitan.py's --budget-s")
+    ap.add_argument("--skip-direct", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="CPU check of the service path (debug shape, no TorchTitan)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.skip_direct, args.device_name = True, "cpu"
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    data = Path(tempfile.mkdtemp(prefix="scalebench-"))
+    env = dict(os.environ) | {"SCALEBENCH_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1",
+                              "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR",
+                                                                        str(data / "inductor-cache"))}
+    for key in ("SCALEBENCH_DATABASE_URL", "SCALEBENCH_BROKER_URL", "DATABASE_URL", "REDIS_URL"):
+        env.pop(key, None)  # the embedded default: SQLite + filesystem broker under the data dir
+    report = run_service(args, args.out, env)
+    print(f"[engines] service part done at {time.monotonic() - t0:.0f} s", flush=True)
+    direct = [] if args.skip_direct else run_direct(args, args.out, env)
+    print(f"[engines] all done at {time.monotonic() - t0:.0f} s", flush=True)
+    text = table(report, direct, args.seq_len)
+    (args.out / "engines_table.md").write_text(text + "\n")
+    print(text)
+    shutil.rmtree(data, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
