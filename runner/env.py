@@ -122,13 +122,15 @@ def torchao_version() -> str | None:
 
 
 def capture_environment(info: DeviceInfo, *, hosts: list[str], world_size: int, backend: str | None,
-                        fp8_dtypes: list[str]) -> Environment:
+                        fp8_dtypes: list[str], engine: str = "scalebench",
+                        torchtitan_version: str | None = None) -> Environment:
     return Environment(
         vendor=info.vendor, device_name=info.device_name, device_count=info.device_count,
         gcn_arch=info.gcn_arch, driver_version=driver_version(info.vendor), cuda_version=info.cuda_version,
         hip_version=info.hip_version, torch_version=torch.__version__, torchao_version=torchao_version(),
         nccl_version=nccl_version(info.vendor), python_version=platform.python_version(), hosts=hosts,
-        world_size=world_size, backend=backend, fp8_dtypes=fp8_dtypes,
+        world_size=world_size, backend=backend, fp8_dtypes=fp8_dtypes, engine=engine,
+        torchtitan_version=torchtitan_version,
     )
 
 
