@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.specs import FLOAT8_PRECISIONS, MX_PRECISIONS, PRECISIONS, ParallelDegrees, RunSpec, command_name
+from core.specs import MX_PRECISIONS, PRECISIONS, ParallelDegrees, RunSpec, command_name
 
 if TYPE_CHECKING:
     from core.clusters import Cluster
@@ -57,6 +57,7 @@ PLACEHOLDERS: dict[str, str] = {
     "compile": "true/false", "activation_checkpointing": "none/full",
     "data_path": "pre-tokenized data file ('' when synthetic)",
     "run_dir": "the run's directory (write metrics.jsonl here)",
+    "code_dir": "the scalebench checkout on the node (scripts shipped with it, e.g. examples/)",
     "metrics_file": "where a jsonl metrics source is read",
 }
 
@@ -109,7 +110,7 @@ def placeholders_in(text: str) -> list[str]:
 
 
 def template_values(spec: RunSpec, *, nnodes: int, node_rank: int, master_addr: str, master_port: int,
-                    run_dir: str) -> dict[str, str]:
+                    run_dir: str, code_dir: str = "") -> dict[str, str]:
     """The value of every placeholder for one run (strings, as they go into argv)."""
     from core.shapes import get_shape
 
@@ -126,7 +127,7 @@ def template_values(spec: RunSpec, *, nnodes: int, node_rank: int, master_addr: 
         "precision": spec.precision, "tp": d.tp, "dp_shard": d.dp_shard, "dp_replicate": d.dp_replicate,
         "seed": spec.seed, "lr": spec.lr, "lr_warmup_steps": spec.lr_warmup_steps,
         "compile": str(spec.compile).lower(), "activation_checkpointing": spec.activation_checkpointing,
-        "data_path": spec.data_path or "", "run_dir": run_dir,
+        "data_path": spec.data_path or "", "run_dir": run_dir, "code_dir": code_dir,
     }
     out = {k: str(v) for k, v in values.items()}
     out["metrics_file"] = ""  # filled by render_command once the template of the file itself is rendered
@@ -154,9 +155,11 @@ def render_command(engine: CommandEngine, spec: RunSpec, values: dict[str, str])
 
 # ---------------------------------------------------------------------------------------- what can run
 
-# TorchTitan 0.2.2's float8 converter takes these torchao recipe names (float8.recipe_name); tensorwise is the
-# converter's default when no recipe is named. MX recipes go through its "mx" converter, which needs MX tensor
-# cores (B200, MI355X) and is not wired here yet: refused with that reason.
+# What engine torchtitan runs for each precision: the torchao float8 recipe TorchTitan 0.2.2's float8 Linear
+# converter gets (quantize.linear.float8.recipe_name; core.titan_config leaves the name out for tensorwise, which
+# is the converter's default and its only path with the FSDP float8 all-gather), None for no converter (bf16).
+# MX recipes go through its "mx" converter, which needs MX tensor cores (B200, MI355X) and is not wired here
+# yet: refused with that reason.
 TORCHTITAN_RECIPES: dict[str, str | None] = {
     "bf16": None, "fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise",
     "fp8-rowwise-gw-hp": "rowwise_with_gw_hp",
@@ -165,22 +168,17 @@ TORCHTITAN_INSTALL_HINT = ("install TorchTitan on the cluster's nodes (pip insta
                            "torchtitan = true in its [[cluster]] table")
 
 
-def engine_reason(engine: str, cluster: Cluster, precision: str, layout: str,
-                  degrees: ParallelDegrees) -> str | None:
-    """Why `engine` cannot run this point on `cluster`, or None."""
+def engine_reason(engine: str, cluster: Cluster, precision: str, layout: str, degrees: ParallelDegrees, *,
+                  seq_len: int | None = None, eval_every_steps: int = 0) -> str | None:
+    """Why `engine` cannot run this point on `cluster`, or None. seq_len and eval_every_steps (the experiment's)
+    let the torchtitan rules that depend on them refuse at POST time too; None/0 skips those rules."""
     if engine == "scalebench":
         return None
     if engine == "torchtitan":
         if not cluster.torchtitan:
             return f"cluster {cluster.name!r} does not offer engine torchtitan: {TORCHTITAN_INSTALL_HINT}"
-        if cluster.device_type != "cuda":
-            return "torchtitan trains on GPUs (its Trainer needs CUDA or ROCm devices), not on the CPU"
-        if precision not in TORCHTITAN_RECIPES:
-            mx = " (MX recipes through TorchTitan are not supported here yet)" if precision in MX_PRECISIONS else ""
-            return (f"torchtitan runs {', '.join(TORCHTITAN_RECIPES)}, not {precision}{mx}")
-        if precision in FLOAT8_PRECISIONS and degrees.tp > 1 and precision != "fp8-tensorwise":
-            return f"torchtitan 0.2.2 runs float8 with tensor parallelism only for fp8-tensorwise, not {precision}"
-        return None
+        return torchtitan_point_reason(precision, degrees, cluster.device_type, seq_len=seq_len,
+                                       eval_every_steps=eval_every_steps)
     name = command_name(engine)
     assert name is not None, engine
     command = cluster.engines.get(name)
@@ -191,6 +189,36 @@ def engine_reason(engine: str, cluster: Cluster, precision: str, layout: str,
         return f"command:{name} runs {', '.join(command.precisions)}, not {precision}"
     if command.layouts is not None and layout not in command.layouts:
         return f"command:{name} runs layouts {', '.join(command.layouts)}, not {layout}"
+    return None
+
+
+def torchtitan_point_reason(precision: str, degrees: ParallelDegrees, device_type: str, *,
+                            seq_len: int | None = None, eval_every_steps: int = 0) -> str | None:
+    """Why TorchTitan 0.2.2 cannot run a point as scalebench means it, or None: the one rule of engine_reason
+    (POST time) and core.titan_config (the run), so both refuse the same points. Sources: TorchTitan 0.2.2's
+    tools/utils.py, distributed/utils.py, distributed/parallel_dims.py, models/llama3/infra/parallelize.py."""
+    if device_type != "cuda":
+        # tools/utils.py falls back to device "cuda" when no accelerator is found, and the Trainer's first act is
+        # torch.cuda.set_device (then an NCCL process group): a CPU node fails before training.
+        return "torchtitan trains on GPUs (its Trainer needs CUDA or ROCm devices), not on the CPU"
+    if precision not in TORCHTITAN_RECIPES:
+        mx = " (MX recipes through TorchTitan are not supported here yet)" if precision in MX_PRECISIONS else ""
+        return f"torchtitan runs {', '.join(TORCHTITAN_RECIPES)}, not {precision}{mx}"
+    if degrees.tp > 1 and degrees.dp_shard == 1:
+        # distributed/utils.py maybe_enable_amp: without FSDP sharding, TP turns mixed precision off ("Mixed
+        # precision training with TP or PP is only supported when FSDP/HSDP/CP is enabled"): the model would
+        # train in fp32, not in bf16 with fp32 master weights as our runner does. (Float8 with TP itself runs
+        # for every recipe: plain TP styles with the all-gathers in high precision.)
+        return (f"torchtitan 0.2.2 turns mixed precision off under tensor parallelism without FSDP sharding "
+                f"(tp={degrees.tp}, dp_shard=1): {precision} would train in fp32; use tp={degrees.tp}+fsdp on "
+                f"more than {degrees.tp} devices")
+    if seq_len is not None and seq_len % (2 * degrees.tp):
+        # parallelize_llama asserts seq_len % (tp * 2 * cp) == 0 (context parallelism's divisor, cp = 1 here)
+        return f"torchtitan 0.2.2 needs seq_len divisible by 2 x tp ({2 * degrees.tp}), not {seq_len}"
+    if eval_every_steps:
+        # TorchTitan's validator reads its own dataset through a tokenizer; runner.data's held-out split is not
+        # wired into it
+        return "torchtitan runs without held-out evaluation here: set eval_every_steps 0 for engine torchtitan"
     return None
 
 

@@ -37,6 +37,7 @@ from runner.__main__ import load_spec, setup_logging, write_result
 
 log = logging.getLogger("runner.command")
 COMMAND_FILE = "command.json"  # = worker.launchers.base.COMMAND_FILE
+CODE_DIR = Path(__file__).resolve().parents[1]  # the scalebench checkout: {code_dir}
 LOG_TAIL_BYTES = 2048  # of the command's output, in a failure's message
 KEEP_LINES = 200_000  # output lines kept for a log parser (a 1,000-step run logs a few thousand)
 
@@ -59,7 +60,8 @@ def launch(spec: RunSpec, command: CommandEngine, run_dir: Path, num_nodes: int)
     values = template_values(
         spec, nnodes=num_nodes, node_rank=int(os.environ.get("SLURM_NODEID", "0")),
         master_addr=os.environ.get("SCALEBENCH_MASTER_ADDR", "127.0.0.1"),
-        master_port=int(os.environ.get("SCALEBENCH_MASTER_PORT") or _free_port()), run_dir=str(run_dir))
+        master_port=int(os.environ.get("SCALEBENCH_MASTER_PORT") or _free_port()), run_dir=str(run_dir),
+        code_dir=str(CODE_DIR))
     return render_command(command, spec, values)
 
 
