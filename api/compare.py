@@ -1,7 +1,7 @@
 """Side-by-side scaling of several experiments (clusters, software versions) and their ratios.
 
 Each experiment keeps its own report (its own N0). Series match across experiments on their key minus the
-cluster (model, layers, precision, layout, scaling); at every N both measured, the ratio is
+cluster (engine, model, layers, precision, layout, scaling); at every N both measured, the ratio is
 X_other(N) / X_reference(N), the reference being the first experiment named.
 """
 
@@ -21,6 +21,7 @@ class CompareExperiment(BaseModel):
 
 
 class CompareRatio(BaseModel):
+    engine: str = Field("scalebench", description="The engine of both series (compare matches within an engine).")
     model: str
     num_layers: int
     precision: str
@@ -44,9 +45,9 @@ class CompareRead(BaseModel):
     ratios: list[CompareRatio]
 
 
-def _match_key(s: Series) -> tuple[str, int, str, str, str]:
+def _match_key(s: Series) -> tuple[str, str, int, str, str, str]:
     k = s.key
-    return (k.model, k.num_layers, k.precision, k.layout, k.scaling)
+    return (k.engine, k.model, k.num_layers, k.precision, k.layout, k.scaling)
 
 
 def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[CompareRatio]:
@@ -64,7 +65,7 @@ def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[Compa
                     continue
                 k = s.key
                 out.append(CompareRatio(
-                    model=k.model, num_layers=k.num_layers, precision=k.precision, layout=k.layout,
+                    engine=k.engine, model=k.model, num_layers=k.num_layers, precision=k.precision, layout=k.layout,
                     scaling=k.scaling, num_devices=p.num_devices, experiment_id=other.id, cluster=k.cluster,
                     reference_experiment_id=reference.id, reference_cluster=ref.key.cluster,
                     tokens_per_sec=p.tokens_per_sec, reference_tokens_per_sec=rp.tokens_per_sec,
