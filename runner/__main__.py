@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -84,8 +85,18 @@ def load_spec(path: Path) -> tuple[RunSpec | None, RunResult | None]:
         return None, RunResult(run_key=key, status="failed", error=err)
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    parser = argparse.ArgumentParser(prog="python -m runner", description=__doc__.splitlines()[0])
+def train_with_runner(spec: RunSpec, run_dir: Path) -> RunResult:
+    from runner.train import run  # torch import after argument parsing: fast --help
+
+    return run(spec, trace_dir=run_dir)  # profiler traces beside result.json
+
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m runner",
+         train: Callable[[RunSpec, Path], RunResult] = train_with_runner) -> NoReturn:
+    """The program of an engine that trains in this process: `train(spec, run_dir)` returns every rank's
+    RunResult (our runner's by default; runner.titan passes TorchTitan's); writing it and the exit code are
+    the same for every such engine."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, type=Path, help="RunSpec JSON file")
     parser.add_argument("--out", required=True, type=Path, help="RunResult JSON file (written by rank 0)")
     args = parser.parse_args(argv)
@@ -93,11 +104,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     rank = int(os.environ.get("RANK", "0"))
     spec, result = load_spec(args.spec)
     if spec is not None:
-        from runner.train import run  # torch import after argument parsing: fast --help
-
-        log.info("run %s: %s %s layers=%d %s %s", spec.run_key(), spec.model, spec.precision, spec.num_layers,
-                 spec.layout, json.dumps(spec.degrees.model_dump()))
-        result = run(spec, trace_dir=args.out.parent)  # profiler traces beside result.json
+        log.info("run %s: %s %s %s layers=%d %s %s", spec.run_key(), spec.engine, spec.model, spec.precision,
+                 spec.num_layers, spec.layout, json.dumps(spec.degrees.model_dump()))
+        result = train(spec, args.out.parent)
     assert result is not None
     if rank == 0:
         if result.status == "failed":

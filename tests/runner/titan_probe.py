@@ -1,0 +1,81 @@
+"""Asks the installed TorchTitan about job configs and our train spec, in a process of its own (the tests run it).
+
+    python -m tests.runner.titan_probe < request.json > answer.json
+
+Request: {"tomls": {id: path}, "flavors": [name], "data": {"flavor", "seq_len", "local_batch_size", "seed",
+"dp_rank"}}. Answer: {"configs": {id: JobConfig as a dict, or {"error": text}}, "flavors": {name: {"args":
+TransformerModelArgs as a dict, "num_params": parameters of TorchTitan's llama3 Transformer built on the meta
+device}}, "batch": the first (inputs, labels) of the train spec's dataloader as lists, "torchtitan": version}.
+
+Everything is TorchTitan's own code (ConfigManager, the registered TrainSpec, Transformer) with one exception:
+where Triton is not installed (CPU builds of torch come without it), the module torchtitan.models.moe.kernels
+is given as a stand-in before TorchTitan is imported. TorchTitan 0.2.2's package __init__ reaches it through
+the float8 converter (`import triton` and two @triton.jit MoE kernels at module level), so without Triton even
+`import torchtitan.config` fails; the kernels serve MoE models only and none of this probe calls them. A
+`triton` stand-in instead would make torch itself believe Triton is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+import types
+
+
+def _kernels_stand_in() -> None:
+    if importlib.util.find_spec("triton") is not None:
+        return
+
+    def needs_triton(*_args, **_kwargs):
+        raise RuntimeError("torchtitan.models.moe.kernels needs Triton, which is not installed")
+
+    module = types.ModuleType("torchtitan.models.moe.kernels")
+    module.generate_permute_indices = module.fill_indices_wrapper = needs_triton
+    sys.modules[module.__name__] = module
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    _kernels_stand_in()
+    import torch
+    import torchtitan
+    from torchtitan.config import ConfigManager
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from core.titan_config import MODEL_NAME, cli_args, flavor_name
+    from runner import titan_spec
+
+    answer: dict = {"torchtitan": torchtitan.__version__, "configs": {}, "flavors": {}}
+    for key, path in request.get("tomls", {}).items():
+        try:
+            config = ConfigManager().parse_args(cli_args(path))
+            answer["configs"][key] = dataclasses.asdict(config)
+        except BaseException as exc:  # noqa: BLE001 - the test shows what TorchTitan said (tyro exits)
+            answer["configs"][key] = {"error": f"{type(exc).__name__}: {exc}"}
+    spec = get_train_spec(MODEL_NAME)
+    for flavor in request.get("flavors", []):
+        args = spec.model_args[flavor]
+        with torch.device("meta"):
+            model = spec.model_cls(args)
+        answer["flavors"][flavor] = {"args": dataclasses.asdict(args),
+                                     "num_params": sum(p.numel() for p in model.parameters())}
+    if data := request.get("data"):
+        config = ConfigManager().parse_args([
+            "--model.name", MODEL_NAME, "--model.flavor", flavor_name(data["model"], data["num_layers"]),
+            "--training.dataset", "scalebench-synthetic", "--training.seq_len", str(data["seq_len"]),
+            "--training.local_batch_size", str(data["local_batch_size"]), "--debug.seed", str(data["seed"])])
+        loader = titan_spec.build_dataloader(dp_world_size=data["dp_world_size"], dp_rank=data["dp_rank"],
+                                             tokenizer=None, job_config=config)
+        batches = iter(loader)
+        answer["batches"] = []
+        for _ in range(2):
+            inputs, labels = next(batches)
+            answer["batches"].append([inputs["input"].tolist(), labels.tolist()])
+    json.dump(answer, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
