@@ -8,9 +8,7 @@ speedup use the same definitions as the curves):
   efficiency                 E(N) against the series' smallest measured N (absent at N0 itself: always 1)
   fp8_speedup                S(N) = X_fp8(N) / X_bf16(N); fp8 points whose bf16 twin was measured
   peak_memory_allocated_gib  median over repeats (higher is worse)
-  fp8_loss_gap               |fp8 - bf16| / bf16 loss over the verdict's window (core.numerics), when the
-                             verdict is tracks or differs (an inconclusive point, e.g. a still-falling curve, has
-                             none); the final step's loss when no curve is stored
+  fp8_loss_gap               |fp8 - bf16| / bf16 final loss (core.regression.fp8_loss_gap)
   numerics                   1 when the fp8 loss verdict is `differs`, 0 when `tracks` (absent: inconclusive);
                              a `differs` night is a regression of kind numerics (core.regression, limit 0.5)
 
@@ -86,14 +84,8 @@ def _metrics(sp: ScalingPoint, baseline_n: int | None, loss_gap: float | None,
 
 
 def _loss_gap(sp) -> float | None:
-    """|window gap| of a tracks/differs verdict; the final-loss gap when the report had no curve for it."""
-    if sp.loss_numerics is not None and sp.loss_numerics.verdict == "inconclusive":
-        return None
-    if sp.loss_gap is not None:
-        return abs(sp.loss_gap)
-    if sp.loss_verdict is None and sp.fp8_final_loss is not None and sp.bf16_final_loss:
-        return fp8_loss_gap(sp.fp8_final_loss, sp.bf16_final_loss)
-    return None
+    return fp8_loss_gap(sp.fp8_final_loss, sp.bf16_final_loss) if sp.fp8_final_loss is not None and \
+        sp.bf16_final_loss else None
 
 
 def _nights_of(exp_id: int, timestamp: datetime, rows: list[_RunRow],
@@ -102,7 +94,9 @@ def _nights_of(exp_id: int, timestamp: datetime, rows: list[_RunRow],
     by_point: dict[tuple, tuple[ScalingPoint, int | None]] = {}
     for s in report.series:
         for p in s.points:
-            by_point[(*s.key.model_dump().values(), p.num_devices)] = (p, s.baseline_num_devices)
+            k = s.key  # the fields of `ident` below (RunPoint's engine is the default here)
+            by_point[(k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p.num_devices)] = (
+                p, s.baseline_num_devices)
     speedups = {(sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp
                  for sp in report.speedups}
     gaps = {ident: _loss_gap(sp) for ident, sp in speedups.items()}

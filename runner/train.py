@@ -166,6 +166,18 @@ def run(spec: RunSpec, trace_dir: Path | None = None) -> RunResult:
     return state.result
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_schedule_from_env() -> str:
+    """SCALEBENCH_LR_SCHEDULE: constant (default: the service's runs) or cosine (to 10% after warm-up; the numerics
+    bench's long runs, bench/numerics_gpu.py). Not in the RunSpec, so not in the run key: bench use only."""
+    schedule = os.environ.get("SCALEBENCH_LR_SCHEDULE", "constant")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"SCALEBENCH_LR_SCHEDULE {schedule!r} is not one of: {', '.join(LR_SCHEDULES)}")
+    return schedule
+
+
 def eval_due(step: int, spec: RunSpec) -> bool:
     """Evaluate after this (0-based) step: every eval_every_steps steps and after the last."""
     every = spec.eval_every_steps
@@ -222,8 +234,9 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
                     if spec.eval_every_steps else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=device.type == "cuda", foreach=device.type != "cuda")
+    schedule = lr_schedule_from_env()
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps))
+        optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps, schedule))
     precompute = spec.precompute_fp8_scales and facts.get("fp8_all_gather", False)
     params = list(model.parameters())
     fused = device.type == "cuda"

@@ -299,8 +299,8 @@ def test_served_reports_equal_the_per_run_reports(client, pg_session_factory) ->
     _finish_all(pg_session_factory, b)
     sizes = {"local-cpu": 64}
     with pg_session_factory() as s:
-        old = {i: build_report(aq.load_run_points(s, i), baseline_num_devices=2, full_size_by_cluster=sizes)
-               for i in (a, b)}
+        old = {i: build_report(aq.load_run_points(s, i), baseline_num_devices=2, full_size_by_cluster=sizes,
+                               run_losses=aq.load_run_losses(s, i)) for i in (a, b)}
         names = {i: s.get(Experiment, i) for i in (a, b)}
     r = client.get(f"/experiments/{a}/scaling?full_size=64&baseline_num_devices=2")
     assert r.content == old[a].model_dump_json().encode()

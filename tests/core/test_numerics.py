@@ -114,3 +114,10 @@ def test_diverged_fp8_differs():
     v = loss_verdict(fp8, bf16)
     assert v.verdict == "differs" and "not finite" in v.reason
     assert short_verdict(v) == "differs: fp8 loss is not finite in the window"
+
+
+def test_numerics_metric_of_a_verdict():
+    from core.regression import DEFAULT_METRICS, numerics_value
+
+    assert (numerics_value("differs"), numerics_value("tracks"), numerics_value("inconclusive")) == (1.0, 0.0, None)
+    assert DEFAULT_METRICS["numerics"].limit == 0.5 and not DEFAULT_METRICS["numerics"].higher_is_better
