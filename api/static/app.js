@@ -97,8 +97,9 @@ function experimentPage(id) {
       poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`), poll(`/experiments/${id}/breakdown`)]);
     if (runs.changed) renderRuns(runs.data.items);
     if (breakdown.changed) SBBreakdown.render(document.getElementById("chart-breakdown"), breakdown.data);
-    if (scaling.changed) renderScaling(scaling.data);
-    if (losses.changed) { lossN = fillLossSelect(lossSelect, losses.data, lossN); drawLosses(losses.data, lossN); }
+    if (scaling.changed) { renderScaling(scaling.data); lossVerdicts = scaling.data.speedups || []; }
+    if (losses.changed) lossN = fillLossSelect(lossSelect, losses.data, lossN);
+    if (losses.changed || scaling.changed) drawLosses(bodies.get(`/experiments/${id}/losses`) || losses.data, lossN);
     if (window.SBProjection) await SBProjection.update(id, exp.data.cluster);  // projection.js: dashed projected points (last: one more request)
   });
 }
@@ -185,6 +186,25 @@ function fillLossSelect(select, losses, current) {
   return pick;
 }
 
+// The fp8 loss verdicts of the served scaling report (speedups[].loss_numerics: window, gap, band, verdict):
+// the loss chart marks each verdict's window at the chosen N with two vertical lines, the verdict in the legend.
+let lossVerdicts = [];
+
+function verdictWindows(curves, n) {
+  const ys = curves.flatMap((c) => c.losses).filter((y) => Number.isFinite(y));
+  if (!ys.length) return [];
+  const lo = Math.min(...ys), hi = Math.max(...ys);
+  return lossVerdicts.filter((sp) => sp.num_devices === n && sp.loss_numerics && sp.loss_numerics.window_first_step != null)
+    .map((sp, i) => {
+      const v = sp.loss_numerics, color = SB.colorOf(sp.precision, i);
+      const gap = v.gap == null ? "" : ` ${(100 * v.gap).toFixed(2)}% ±${(100 * v.band).toFixed(2)}%`;
+      return { label: `window ${sp.precision} · ${sp.layout}: ${v.verdict}${gap} (${v.source} loss)`,
+        data: [{ x: v.window_first_step, y: lo }, { x: v.window_first_step, y: hi }, { x: null, y: null },
+               { x: v.window_last_step, y: hi }, { x: v.window_last_step, y: lo }],
+        borderColor: color, backgroundColor: color, borderDash: [2, 3], borderWidth: 1, pointRadius: 0, spanGaps: false };
+    });
+}
+
 function drawLosses(losses, n) {
   const el = document.getElementById("chart-loss");
   const curves = losses ? losses.curves.filter((c) => c.num_devices === n) : [];
@@ -194,6 +214,7 @@ function drawLosses(losses, n) {
     data: c.steps.map((s, j) => ({ x: s, y: c.losses[j] })), borderColor: SB.colorOf(c.precision, i),
     backgroundColor: SB.colorOf(c.precision, i), borderDash: SB.LAYOUT_DASHES[layouts.indexOf(c.layout) % 4],
     pointRadius: 0, borderWidth: 1.6, _count: true }));
+  datasets.push(...verdictWindows(curves, n));
   const opts = SB.chartOptions({ type: "linear", title: { display: true, text: `step (N=${n} GPUs)` } },
     { type: "linear", title: { display: true, text: "training loss" } }, "");
   SB.drawChart(el, "line", { datasets }, opts);
