@@ -11,9 +11,10 @@ loss, fused AdamW, grad-norm clipping at 1.0, no activation checkpointing, fp32 
 autocast (what both do on one GPU). Recipes: bf16 and torchao's float8 tensorwise, rowwise and
 rowwise_with_gw_hp, the output layer left in bf16 on both sides.
 
-- TorchTitan: its own Trainer (torchtitan.train) with bench/peer/titan.toml, the 16-layer flavor registered by
-  bench/peer/titan_flavor.py through --experimental.custom_import, a tokenizer and an English-like c4_test
-  corpus made locally by bench/peer/assets.py. Nothing is downloaded and no TorchTitan file is edited.
+- TorchTitan: its own Trainer on the job config of engine torchtitan (core.titan_config's TOML of the same
+  RunSpec, TorchTitan's llama3 with our shape and runner.data's batches registered by runner.titan_spec), run and
+  measured by runner.titan.run, in-process: both sides train on the same tokens. Nothing is downloaded and no
+  TorchTitan file is edited.
 - ours: runner.train.run(RunSpec) in-process, world size 1.
 
 Each (system, recipe) runs in its own process (fresh CUDA context, compile caches and inductor settings:
@@ -52,40 +53,11 @@ GIB = 1024 ** 3
 # ============================================================================================ worker side
 
 
-class StepClock:
-    """A CUDA event (or a host clock on CPU) after every AdamW step, from a global optimizer-step hook.
+def step_clock(device_type: str, also=None):
+    """The product's optimizer-step clock (runner.titan), which both sides are timed with."""
+    from runner.titan import OptimizerStepClock
 
-    Works for any train loop that calls torch.optim.AdamW.step once per step; `also` runs after each mark
-    (the profiler's step)."""
-
-    def __init__(self, device_type: str, also=None):
-        import torch
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self.torch, self.cuda = torch, device_type == "cuda"
-        self.marks: list = []
-        self.also = also
-        self.handle = register_optimizer_step_post_hook(self._hook)
-
-    def _hook(self, optimizer, args, kwargs):
-        if not isinstance(optimizer, self.torch.optim.AdamW):
-            return
-        if self.cuda:
-            event = self.torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-        if self.also is not None:
-            self.also()
-
-    def step_ms(self) -> list[float]:
-        """Durations of steps 2..N (step 1 has no start mark), in ms."""
-        self.handle.remove()
-        if self.cuda:
-            self.torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
-        return [(b - a) * 1000 for a, b in zip(self.marks, self.marks[1:])]
+    return OptimizerStepClock(device_type, also=also)
 
 
 def apply_settings(settings: list[str]) -> None:
@@ -149,8 +121,8 @@ def kernel_summary(prof, device_type: str, active_steps: int) -> dict:
 
 
 def timed_stats(step_ms: list[float], warmup: int, steps: int) -> dict:
-    # step_ms[i] is step i+2 (1-based); the timed steps are warmup+1 .. warmup+steps.
-    timed = step_ms[warmup - 1: warmup - 1 + steps]
+    # step_ms[i] is step i+1 (1-based: the clock is marked before the first step); timed: warmup+1 .. warmup+steps.
+    timed = step_ms[warmup: warmup + steps]
     return {"step_ms_median": statistics.median(timed), "step_ms_min": min(timed), "step_ms_max": max(timed),
             "num_timed": len(timed)}
 
@@ -164,25 +136,34 @@ def memory_stats(device_type: str) -> dict:
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
 
 
+def bench_spec(args, device_type: str, *, num_layers: int, steps: int, warmup: int, lr_warmup: int,
+               engine: str = "scalebench"):
+    """The RunSpec both systems run: one device, the bench shape and recipe."""
+    from core.specs import RunSpec, resolve_layout
+
+    return RunSpec(engine=engine, model=args.model, num_layers=num_layers, precision=OURS_PRECISION[args.recipe],
+                   layout="fsdp", degrees=resolve_layout("fsdp", 1), scaling="weak", seq_len=args.seq_len,
+                   local_batch_size=1, steps=steps, warmup_steps=warmup, compile=args.compile, lr=3e-4,
+                   lr_warmup_steps=lr_warmup, device_type=device_type)
+
+
 def run_ours(args, device_type: str) -> dict:
     import torch
 
-    from core.specs import RunSpec, resolve_layout
     from runner.train import run
 
-    def spec(num_layers: int, steps: int, warmup: int, lr_warmup: int) -> RunSpec:
-        return RunSpec(model=args.model, num_layers=num_layers, precision=OURS_PRECISION[args.recipe],
-                       layout="fsdp", degrees=resolve_layout("fsdp", 1), scaling="weak", seq_len=args.seq_len,
-                       local_batch_size=1, steps=steps, warmup_steps=warmup, compile=args.compile, lr=3e-4,
-                       lr_warmup_steps=lr_warmup, device_type=device_type)
+    def spec(num_layers: int, steps: int, warmup: int, lr_warmup: int):
+        return bench_spec(args, device_type, num_layers=num_layers, steps=steps, warmup=warmup, lr_warmup=lr_warmup)
 
     prof = profiler_for(args, device_type)
     total = args.warmup + args.steps + (1 + args.profile_steps if prof else 0)
     out: dict = {}
     if prof:
         prof.start()
-    clock = StepClock(device_type, also=prof.step if prof else None)
+    clock = step_clock(device_type, also=prof.step if prof else None)
+    clock.mark()
     result = run(spec(args.layers, total, args.warmup, args.warmup))
+    clock.close()
     step_ms = clock.step_ms()
     if prof:
         prof.stop()
@@ -232,107 +213,85 @@ class TitanLogCapture:
         logging.getLogger().addHandler(Handler())
 
 
-def titan_args(args, assets: dict) -> list[str]:
-    total = args.warmup + args.steps + (1 + args.profile_steps if args.profile_steps else 0)
-    flavor = "debug" if args.model == "debug" else f"8B_{args.layers}L"
-    cli = ["--job.config_file", str(REPO / "bench" / "peer" / "titan.toml"),
-           "--job.dump_folder", str(Path(args.work) / f"titan-out-{args.recipe}"),
-           "--model.flavor", flavor, "--model.hf_assets_path", str(assets["hf_assets_path"]),
-           "--training.dataset_path", str(assets["dataset_path"]), "--training.seq_len", str(args.seq_len),
-           "--training.steps", str(total), "--lr_scheduler.warmup_steps", str(args.warmup),
-           "--metrics.log_freq", str(args.titan_log_freq)]
-    if not args.compile:
-        cli += ["--compile.no-enable"]
-    if args.recipe != "bf16":
-        cli += ["--model.converters", "quantize.linear.float8"]
-        if args.recipe != "tensorwise":  # tensorwise: TorchTitan's default float8 path (no recipe name)
-            cli += ["--quantize.linear.float8.recipe_name", args.recipe]
-        if args.model == "debug":  # CPU smoke: no float8 GEMM on CPU; TorchTitan allows emulation without compile
-            cli += ["--quantize.linear.float8.emulate"]
-    return cli
-
-
-def titan_dry_run(config) -> dict:
+def titan_dry_run(spec) -> dict:
     """CPU check of the TorchTitan side without training (TorchTitan's Trainer needs an accelerator): the job
-    config, the registered flavor, the tokenizer and the first c4_test batch, the model built on meta and the
-    float8 converter applied (emulated), as the Trainer would do them."""
+    config of the RunSpec parsed by TorchTitan, the registered flavor, the first batch of its dataloader, the model
+    built on meta and the float8 converter applied (emulated, as TorchTitan allows without compile), as the
+    Trainer would do them."""
     import torch
+    from torchtitan.config import ConfigManager
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.model_converter import build_model_converters
     from torchtitan.protocols.train_spec import get_train_spec
 
-    import bench.peer.titan_flavor  # noqa: F401 - what --experimental.custom_import does in the Trainer
+    import runner.titan_spec  # noqa: F401 - registers the train spec, as the Trainer's custom_import does
+    from core import titan_config
 
-    spec = get_train_spec(config.model.name)
-    tokenizer = spec.build_tokenizer_fn(config)
-    loader = spec.build_dataloader_fn(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, job_config=config)
+    gpu_spec = spec.model_copy(update={"device_type": "cuda"})  # engine torchtitan refuses CPU specs
+    path = Path(tempfile.mkdtemp(prefix="titan-dry-")) / "titan.toml"
+    path.write_text(titan_config.job_toml(gpu_spec, dump_folder=str(path.parent)))
+    config = ConfigManager().parse_args(titan_config.cli_args(str(path)))
+    config.quantize.linear.float8.emulate = True  # no float8 GEMM on CPU
+    config.compile.enable = False
+    train_spec = get_train_spec(config.model.name)
+    loader = train_spec.build_dataloader_fn(dp_world_size=1, dp_rank=0, tokenizer=None, job_config=config)
     inputs, labels = next(iter(loader))
-    model_args = spec.model_args[config.model.flavor]
+    model_args = train_spec.model_args[config.model.flavor]
     model_args.update_from_config(config)
     with torch.device("meta"):
-        model = spec.model_cls(model_args)
-    p = config.parallelism  # the Trainer's ParallelDims for one device (dp_shard -1 resolves to 1)
+        model = train_spec.model_cls(model_args)
+    p = config.parallelism
     dims = ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
                         cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                         ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=1)
     build_model_converters(config, dims).convert(model)
     return {"dry_run": True, "batch_shape": list(inputs["input"].shape), "max_token": int(inputs["input"].max()),
-            "vocab_size": model_args.vocab_size, "tokenizer_vocab": tokenizer.get_vocab_size(),
+            "vocab_size": model_args.vocab_size,
             "num_float8_linears": sum(type(m).__name__ == "Float8Linear" for m in model.modules()),
             "num_linears": sum(isinstance(m, torch.nn.Linear) for m in model.modules())}
 
 
 def run_titan(args, device_type: str) -> dict:
+    """TorchTitan's Trainer through engine torchtitan (runner.titan.run), timed by its optimizer-step clock."""
+    import logging
+
     import torch
-    from torchtitan.config import ConfigManager
-    from torchtitan.tools.logging import init_logger
-    from torchtitan.train import Trainer
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from bench.peer.assets import make_assets
+    from runner.titan import run
 
-    assets = make_assets(Path(args.work) / "assets")
-    init_logger()
-    capture = TitanLogCapture()
-    config = ConfigManager().parse_args(titan_args(args, assets))
+    total = args.warmup + args.steps + (1 + args.profile_steps if args.profile_steps else 0)
+    spec = bench_spec(args, device_type, num_layers=args.layers, steps=total, warmup=args.warmup,
+                      lr_warmup=args.warmup, engine="torchtitan")
     if device_type == "cpu":
-        return titan_dry_run(config)
-    trainer = Trainer(config)
-    model = trainer.model_parts[0]
-    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    fp8 = [n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"]
-    losses: list = []
-    first = [True]
-    original_fwd_bwd = trainer.forward_backward_step
-
-    def fwd_bwd(**kwargs):
-        if first[0] and device_type == "cuda":
-            torch.cuda.reset_peak_memory_stats()  # as our runner: the peak over the training steps
-            first[0] = False
-        loss = original_fwd_bwd(**kwargs)
-        losses.append(loss.detach())
-        return loss
-
-    trainer.forward_backward_step = fwd_bwd
-    # TorchTitan resets the peak at every log line; keep one peak over the whole run instead.
-    trainer.metrics_processor.device_memory_monitor.reset_peak_stats = lambda: None
+        return titan_dry_run(spec)
+    logging.getLogger().setLevel(logging.INFO)
+    capture = TitanLogCapture()
     prof = profiler_for(args, device_type)
     out: dict = {}
+    hook = None
     if prof:
         prof.start()
-    clock = StepClock(device_type, also=prof.step if prof else None)
+        hook = register_optimizer_step_post_hook(
+            lambda opt, *_: prof.step() if isinstance(opt, torch.optim.AdamW) else None)
+    run_dir = Path(args.work) / f"titan-out-{args.recipe}"
+    run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        trainer.train()
+        result = run(spec, run_dir)
     finally:
-        step_ms = clock.step_ms()
         if prof:
+            hook.remove()
             prof.stop()
     if prof:
         out["profile"] = kernel_summary(prof, device_type, args.profile_steps)
-    out.update(step_ms=step_ms, **timed_stats(step_ms, args.warmup, args.steps), **memory_stats(device_type),
-               own={"log_rows": capture.rows}, num_float8_linears=len(fp8), num_linears=len(linears),
-               linears_kept_high_precision=sorted(set(linears) - set(fp8)) if fp8 else [],
-               losses=[float(x) for x in losses])
-    trainer.close()
+    if result.status != "succeeded":
+        raise RuntimeError(f"torchtitan failed: {result.error.kind}: {result.error.message[:3000]}")
+    s = result.summary
+    step_ms = [r.step_ms for r in result.steps]
+    out.update(step_ms=step_ms, **timed_stats(step_ms, args.warmup, args.steps),
+               peak_alloc_gib=s.peak_memory_allocated_gib, peak_reserved_gib=s.peak_memory_reserved_gib,
+               own={"log_rows": capture.rows}, num_float8_linears=s.num_float8_linears,
+               losses=result.numerics.loss_curve, env=result.environment.model_dump())
     return out
 
 
@@ -419,7 +378,7 @@ def run_job(args, job, log, deadline: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--system", system, "--recipe", recipe,
            "--variant", variant, "--result", str(result), "--work", args.work, "--model", args.model,
            "--layers", str(args.layers), "--seq-len", str(args.seq_len), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--titan-log-freq", str(args.titan_log_freq),
+           "--warmup", str(args.warmup),
            "--loss-steps", str(args.loss_steps if system == "ours" and (args.variant_loss or not variant) else 0),
            "--loss-layers", str(args.loss_layers), "--compile" if args.compile else "--no-compile"]
     profiled = recipe in args.profile.split(",") and not variant
@@ -546,12 +505,8 @@ def orchestrate(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     args.work = args.work or tempfile.mkdtemp(prefix="scalebench-peer-")
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    from bench.peer.assets import make_assets
-
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
-    if "titan" in args.systems.split(","):
-        make_assets(Path(args.work) / "assets")  # once, before the workers
     jobs = plan(args.recipes.split(","), [parse_variant(v) for v in args.variant_spec],
                 tuple(args.systems.split(",")))
     records = []
@@ -571,7 +526,7 @@ def orchestrate(args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "peer-out"))
-    ap.add_argument("--work", default=None, help="scratch directory (assets, TorchTitan dumps); default: a temp dir")
+    ap.add_argument("--work", default=None, help="scratch directory (TorchTitan's runs); default: a temp dir")
     ap.add_argument("--smoke", action="store_true", help="CPU: debug shapes, a few steps, no compile")
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--layers", type=int, default=16)
@@ -583,7 +538,6 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="recipes to profile on both sides, e.g. rowwise,bf16")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--dump-code", action="store_true", help="keep inductor's code of the profiled runs")
-    ap.add_argument("--titan-log-freq", type=int, default=5)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--ours-variant", dest="variant_spec", action="append", default=[],
                     help="an extra run of ours: NAME:RECIPE:SETTING[,SETTING] (settings as in --set)")
@@ -603,7 +557,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.smoke and not args.worker:  # CPU: TorchTitan is only configured and built (see titan_dry_run)
         args.model, args.layers, args.seq_len, args.steps, args.warmup = "debug", 1, 32, 3, 2
-        args.loss_steps, args.loss_layers, args.compile, args.titan_log_freq = min(args.loss_steps, 55), 1, False, 1
+        args.loss_steps, args.loss_layers, args.compile = min(args.loss_steps, 55), 1, False
         args.profile = args.profile or "rowwise"
     return worker_main(args) if args.worker else orchestrate(args)
 

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Fetches, as wheels, what bench/peer_torchtitan.py needs on a GPU machine that has python 3.12 and torch 2.11
-# but no torchao, pydantic or TorchTitan, and no network: the runner's two (torchao, pydantic and its three
-# companions) and TorchTitan 0.2.2 with the dependencies such an image usually lacks. Nothing is installed here.
+# Fetches, as wheels, what engine torchtitan (python -m runner.titan) and bench/peer_torchtitan.py need on a GPU
+# machine that has python 3.12 and a GPU build of torch (with Triton) but no torchao, pydantic or TorchTitan, and
+# no network: the runner's two (torchao, pydantic and its three companions) and TorchTitan 0.2.2 with the
+# dependencies such an image usually lacks. Nothing is installed here.
 #
 #   bash scripts/peer-wheels.sh [DEST]          # DEST defaults to .whl in the repository root (git-ignored)
 #
 # Then, on the GPU machine, from the repository root:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site DEST/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD
+#   python3 -m runner.titan --spec spec.json --out result.json       # under torchrun for several GPUs
 #
-# TorchTitan's own requirements that are not fetched (tokenizers, fsspec, tensorboard, einops, pillow; datasets'
-# pyarrow, pandas, huggingface-hub, xxhash, requests, tqdm, pyyaml) are expected on the image. 0.2.2 is the newest
-# TorchTitan whose imports torch 2.11 has (0.3.0 needs newer torch APIs and drops the tensorwise recipe).
+# A node with network installs the same with pip install '.[torchtitan]'. TorchTitan's own requirements that are
+# not fetched (tokenizers, fsspec, tensorboard, einops, pillow; datasets' pyarrow, pandas, huggingface-hub, xxhash,
+# requests, tqdm, pyyaml) and numpy are expected on the image: torchtitan.models.llama3 imports its dataset and
+# tokenizer modules even though runner.titan feeds runner.data's batches and builds no tokenizer. 0.2.2 is the
+# newest TorchTitan whose imports torch 2.11 has (0.3.0 needs newer torch APIs and drops the tensorwise recipe);
+# it also imports under torch 2.13.
 set -euo pipefail
 top=$(git rev-parse --show-toplevel)
 dest=${1:-$top/.whl}
