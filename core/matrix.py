@@ -97,6 +97,7 @@ def _run_spec(spec: ExperimentSpec, cluster: Cluster, engine: str, precision: st
         precompute_fp8_scales=fp8_ag and spec.precompute_fp8_scales,
         lr=spec.lr,
         lr_warmup_steps=spec.lr_warmup_steps,
+        lr_schedule=spec.lr_schedule,
         seed=seed,
         data_path=spec.data_path,
         eval_every_steps=spec.eval_every_steps,

@@ -292,6 +292,8 @@ class ExperimentSpec(_Strict):
         False, validate_default=True, description="Precompute float8 dynamic scales for FSDP (tensorwise all-gather).")
     lr: float = Field(3e-4, gt=0, le=1.0, allow_inf_nan=False, strict=True, description="Peak AdamW learning rate.")
     lr_warmup_steps: StrictInt = Field(0, ge=0, le=100000, description="Linear LR warm-up steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After the warm-up: constant, or cosine decay to 10% of the peak at the last step.")
     seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="Seed of every run (use `seeds` for several).")
     seeds: list[Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]] | None = Field(
         None, min_length=1, max_length=16, description=(
@@ -416,6 +418,7 @@ class RunSpec(_Strict):
     precompute_fp8_scales: bool = False
     lr: float = 3e-4
     lr_warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
     seed: int = 0
     data_path: str | None = None
     eval_every_steps: int = Field(0, ge=0)
@@ -455,7 +458,7 @@ class RunSpec(_Strict):
     def run_key(self) -> str:
         """Stable hash of the normalized spec without cluster and repeat: equal keys are comparable runs.
         profile_steps is left out: profiled steps are not in the throughput figures. Fields added after the
-        first schema (engine, eval_*) enter the hash only when they differ from their default, so the key of
+        first schema (engine, eval_*, lr_schedule) enter the hash only when they differ from their default, so the key of
         a run that does not use them is what it always was (history stays comparable)."""
         payload = self.model_dump(mode="json", exclude={"cluster", "repeat", "timeout_s", "profile_steps"})
         for name, default in _KEY_DEFAULTS.items():
@@ -465,7 +468,8 @@ class RunSpec(_Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-_KEY_DEFAULTS: dict[str, Any] = {"engine": DEFAULT_ENGINE, "eval_every_steps": 0, "eval_batches": 2}
+_KEY_DEFAULTS: dict[str, Any] = {"engine": DEFAULT_ENGINE, "eval_every_steps": 0, "eval_batches": 2,
+                                 "lr_schedule": "constant"}
 
 
 # ------------------------------------------------------------------------------------------ result
