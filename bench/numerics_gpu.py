@@ -6,7 +6,7 @@
     python bench/numerics_gpu.py --smoke --out /tmp/numerics          # CPU: debug shape, checks the script
 
 Every run is `python -m runner --spec spec.json --out result.json` (compile on, LR warm-up then cosine decay to
-10% via SCALEBENCH_LR_SCHEDULE=cosine, held-out eval loss every --eval-every steps on the corpus' .val split).
+10% (lr_schedule cosine), held-out eval loss every --eval-every steps on the corpus' .val split).
 Per recipe: the loss verdict of core.numerics (window gap, noise band from step noise and seed spread, slopes,
 tracks / differs / inconclusive), the median tokens/s and step time over seeds. Writes numerics.json (every
 run's curves and the verdicts) and numerics.png (train and eval loss of each recipe over bf16, window marked;
@@ -38,11 +38,20 @@ RECIPES = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")  # MX r
 REPO = Path(__file__).resolve().parents[1]
 
 
+def data_vocab(data: str | None) -> int | None:
+    """The corpus tokenizer's vocabulary (its recipe beside the .bin), padded to a multiple of 128 (GEMM tiles)."""
+    if not data:
+        return None
+    recipe = json.loads(Path(data).with_suffix(".json").read_text())
+    return -(-int(recipe["tokenizer"]["vocab_size"]) // 128) * 128
+
+
 def make_spec(args: argparse.Namespace, precision: str, seed: int, steps: int) -> RunSpec:
-    return RunSpec(model=args.dim_shape, num_layers=args.layers, precision=precision, layout="fsdp",
-                   degrees=resolve_layout("fsdp", 1), scaling="weak", seq_len=args.tokens, local_batch_size=1,
-                   steps=steps, warmup_steps=min(10, steps // 4), compile=not args.no_compile, lr=args.lr,
-                   lr_warmup_steps=min(args.lr_warmup, steps // 2), seed=seed, data_path=args.data,
+    return RunSpec(model=args.dim_shape, num_layers=args.layers, vocab_size=args.vocab_size, precision=precision,
+                   layout="fsdp", degrees=resolve_layout("fsdp", 1), scaling="weak", seq_len=args.tokens,
+                   local_batch_size=args.batch, steps=steps, warmup_steps=min(10, steps // 4),
+                   compile=not args.no_compile, lr=args.lr, lr_warmup_steps=min(args.lr_warmup, steps // 2),
+                   lr_schedule="cosine", seed=seed, data_path=args.data,
                    eval_every_steps=min(args.eval_every, steps), eval_batches=args.eval_batches,
                    device_type="cpu" if args.smoke else "cuda", timeout_s=3600)
 
@@ -52,7 +61,7 @@ def run_one(args: argparse.Namespace, spec: RunSpec, name: str) -> tuple[RunResu
     run_dir = Path(args.out) / "runs" / name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
-    env = {**os.environ, "SCALEBENCH_LR_SCHEDULE": "cosine", "PYTHONPATH": str(REPO),
+    env = {**os.environ, "PYTHONPATH": str(REPO),
            "TORCHINDUCTOR_CACHE_DIR": str(Path(args.out) / "inductor-cache")}  # later seeds reuse the compiles
     t0 = time.monotonic()
     with open(run_dir / "log.txt", "w") as log_file:
@@ -109,7 +118,10 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    ap.add_argument("--tokens", type=int, default=8192, help="tokens a step (one sequence of this length)")
+    ap.add_argument("--tokens", type=int, default=8192, help="sequence length (tokens a step: this x --batch)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a step")
+    ap.add_argument("--vocab-size", type=int, help="model vocabulary (default: the corpus tokenizer's, padded to "
+                                                   "128; without --data: the shape's)")
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--lr-warmup", type=int, default=100, help="linear LR warm-up steps, then cosine to 10%%")
@@ -127,6 +139,7 @@ def main() -> int:
         args.lr, args.lr_warmup, args.eval_every, args.eval_batches = 3e-3, 8, 12, 2
     if args.data and not Path(args.data).is_file():
         ap.error(f"--data {args.data!r} does not exist: build it with `python -m runner.corpus build --out DIR`")
+    args.vocab_size = args.vocab_size or data_vocab(args.data)
     t_start = time.monotonic()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -112,9 +112,8 @@ def placeholders_in(text: str) -> list[str]:
 def template_values(spec: RunSpec, *, nnodes: int, node_rank: int, master_addr: str, master_port: int,
                     run_dir: str, code_dir: str = "") -> dict[str, str]:
     """The value of every placeholder for one run (strings, as they go into argv)."""
-    from core.shapes import get_shape
 
-    shape = get_shape(spec.model, spec.num_layers)
+    shape = spec.shape
     d = spec.degrees
     values = {
         "num_devices": d.world_size, "nproc_per_node": d.world_size // nnodes, "nnodes": nnodes,

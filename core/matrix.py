@@ -82,6 +82,7 @@ def _run_spec(spec: ExperimentSpec, cluster: Cluster, engine: str, precision: st
         engine=engine,
         model=spec.model,
         num_layers=shape.num_layers,
+        vocab_size=spec.vocab_size,
         precision=precision,
         layout=layout,
         degrees=degrees,

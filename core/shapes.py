@@ -76,8 +76,10 @@ SHAPES: dict[str, ModelShape] = {
 }
 
 
-def get_shape(name: str, num_layers: int | None = None) -> ModelShape:
+def get_shape(name: str, num_layers: int | None = None, vocab_size: int | None = None) -> ModelShape:
+    """A named shape, with its layer count and vocabulary (a tokenizer's) overridden when given."""
     if name not in SHAPES:
         raise ValueError(f"model: unknown shape {name!r}; allowed: {', '.join(MODEL_NAMES)}")
     shape = SHAPES[name]
-    return replace(shape, num_layers=num_layers) if num_layers else shape
+    shape = replace(shape, num_layers=num_layers) if num_layers else shape
+    return replace(shape, vocab_size=vocab_size) if vocab_size else shape

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from core.breakdown import Breakdown
-from core.shapes import MODEL_NAMES
+from core.shapes import MODEL_NAMES, ModelShape, get_shape
 
 SCHEMA_VERSION = 1
 MAX_PROFILE_STEPS = 20  # profiled steps per run: each adds a few MB of trace per rank on a GPU
@@ -258,6 +258,10 @@ class ExperimentSpec(_Strict):
     name: Text = Field(min_length=1, max_length=200, description="Human-readable experiment name.")
     model: ModelName = Field(description=f"Named Llama-3 shape: {', '.join(MODEL_NAMES)}.")
     num_layers: StrictInt | None = Field(None, ge=1, le=256, description="Override of the shape's layer count.")
+    vocab_size: StrictInt | None = Field(
+        None, ge=256, le=1 << 20, description=(
+            "Override of the shape's vocabulary size: the tokenizer's, for a data_path built with another "
+            "tokenizer (e.g. `python -m runner.corpus build`, ~23k tokens); its tokens must be below it."))
     cluster: Text = Field("local-cpu", min_length=1, max_length=100, description="Cluster name (GET /clusters).")
     gpu_counts: list[Annotated[StrictInt, Field(ge=1, le=65536)]] = Field(
         min_length=1, max_length=32, description="Device counts N to measure (each a point of the curve).")
@@ -403,6 +407,7 @@ class RunSpec(_Strict):
     engine: str = DEFAULT_ENGINE
     model: ModelName
     num_layers: int = Field(ge=1)
+    vocab_size: int | None = Field(None, ge=1)  # None: the shape's
     precision: Precision
     layout: str
     degrees: ParallelDegrees
@@ -434,6 +439,11 @@ class RunSpec(_Strict):
         return self.degrees.world_size
 
     @property
+    def shape(self) -> ModelShape:
+        """The model's dimensions: the named shape with the layer and vocabulary overrides."""
+        return get_shape(self.model, self.num_layers, self.vocab_size)
+
+    @property
     def global_batch_size(self) -> int:
         return self.local_batch_size * self.degrees.dp_degree
 
@@ -458,8 +468,8 @@ class RunSpec(_Strict):
     def run_key(self) -> str:
         """Stable hash of the normalized spec without cluster and repeat: equal keys are comparable runs.
         profile_steps is left out: profiled steps are not in the throughput figures. Fields added after the
-        first schema (engine, eval_*, lr_schedule) enter the hash only when they differ from their default, so the key of
-        a run that does not use them is what it always was (history stays comparable)."""
+        first schema (engine, eval_*, lr_schedule, vocab_size) enter the hash only when they differ from their
+        default, so the key of a run that does not use them is what it always was (history stays comparable)."""
         payload = self.model_dump(mode="json", exclude={"cluster", "repeat", "timeout_s", "profile_steps"})
         for name, default in _KEY_DEFAULTS.items():
             if payload.get(name) == default:
@@ -469,7 +479,7 @@ class RunSpec(_Strict):
 
 
 _KEY_DEFAULTS: dict[str, Any] = {"engine": DEFAULT_ENGINE, "eval_every_steps": 0, "eval_batches": 2,
-                                 "lr_schedule": "constant"}
+                                 "lr_schedule": "constant", "vocab_size": None}
 
 
 # ------------------------------------------------------------------------------------------ result

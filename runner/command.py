@@ -31,7 +31,6 @@ from core.engine_metrics import StepMetric, parse_metrics
 from core.engines import CommandEngine, render_command, template_values
 from core.hardware import peak_tflops
 from core.run_metrics import summarize
-from core.shapes import get_shape
 from core.specs import Environment, Numerics, RunError, RunResult, RunSpec, StepRecord
 from runner.__main__ import load_spec, setup_logging, write_result
 
@@ -104,7 +103,7 @@ def result_from_metrics(spec: RunSpec, records: list[StepMetric], meta: dict, so
     note = None if bf16_peak else f"no MFU: device {meta['device_name']!r} is not in the peak table (core.hardware)"
     summary = summarize(step_ms, warmup_steps=warmup, tokens_per_step=spec.tokens_per_step,
                         num_devices=spec.num_devices,
-                        flops_per_token=get_shape(spec.model, spec.num_layers).flops_per_token(spec.seq_len),
+                        flops_per_token=spec.shape.flops_per_token(spec.seq_len),
                         bf16_peak=bf16_peak, own_peak=own_peak, mfu_note=note, memory=(None, None),
                         num_float8_linears=None, step_time_source=source)
     steps = [StepRecord(step=i, loss=r.loss, step_ms=r.step_ms, tokens=spec.tokens_per_step, warmup=i < warmup)

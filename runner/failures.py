@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from core.hardware import unsupported_reason
-from core.shapes import get_shape
 from core.specs import MX_PRECISIONS, Numerics, RunError, RunResult, RunSpec
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
         problems.append(f"degrees.world_size({d.world_size}) != launched world size({world_size})")
     if d.dp_mode == "none" and d.dp_degree > 1:
         problems.append(f"dp_mode none with dp_replicate({d.dp_replicate}) * dp_shard({d.dp_shard}) > 1")
-    shape = get_shape(spec.model, spec.num_layers)
+    shape = spec.shape
     for field, value in (("num_heads", shape.num_heads), ("num_kv_heads", shape.num_kv_heads),
                          ("ffn_hidden_dim", shape.ffn_hidden_dim), ("vocab_size", shape.vocab_size),
                          ("seq_len", spec.seq_len)):

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from core.run_metrics import step_records, summarize
-from core.shapes import get_shape
 from core.specs import EvalPoint, Numerics, RunResult, RunSpec
 from runner import failures
 from runner.corpus import describe
@@ -104,7 +103,7 @@ def init_distributed(device_type: str) -> tuple[torch.device, bool]:
 
 def build_model(spec: RunSpec, mesh, device: torch.device):
     """Build on meta, convert and parallelize, materialize, initialize. Returns (model, facts)."""
-    shape = get_shape(spec.model, spec.num_layers)
+    shape = spec.shape
     with torch.device("meta"):
         model = Llama(shape, max_seq_len=spec.seq_len)
     facts = parallelize(model, mesh, spec)
@@ -166,18 +165,6 @@ def run(spec: RunSpec, trace_dir: Path | None = None) -> RunResult:
     return state.result
 
 
-LR_SCHEDULES = ("constant", "cosine")
-
-
-def lr_schedule_from_env() -> str:
-    """SCALEBENCH_LR_SCHEDULE: constant (default: the service's runs) or cosine (to 10% after warm-up; the numerics
-    bench's long runs, bench/numerics_gpu.py). Not in the RunSpec, so not in the run key: bench use only."""
-    schedule = os.environ.get("SCALEBENCH_LR_SCHEDULE", "constant")
-    if schedule not in LR_SCHEDULES:
-        raise ValueError(f"SCALEBENCH_LR_SCHEDULE {schedule!r} is not one of: {', '.join(LR_SCHEDULES)}")
-    return schedule
-
-
 def eval_due(step: int, spec: RunSpec) -> bool:
     """Evaluate after this (0-based) step: every eval_every_steps steps and after the last."""
     every = spec.eval_every_steps
@@ -228,15 +215,14 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
                     info.device_name)
     state.environment = capture_environment(info, hosts=hosts, world_size=spec.num_devices,
                                             backend=dist.get_backend(), fp8_dtypes=fp8_dtypes)
-    shape = get_shape(spec.model, spec.num_layers)
+    shape = spec.shape
     batches = make_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
     eval_batches = (make_eval_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
                     if spec.eval_every_steps else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=device.type == "cuda", foreach=device.type != "cuda")
-    schedule = lr_schedule_from_env()
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps, schedule))
+        optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps, spec.lr_schedule))
     precompute = spec.precompute_fp8_scales and facts.get("fp8_all_gather", False)
     params = list(model.parameters())
     fused = device.type == "cuda"
