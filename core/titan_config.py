@@ -43,23 +43,25 @@ WEIGHT_DECAY = 0.1
 MAX_GRAD_NORM = 1.0
 DEFAULT_COMM_TIMEOUT_S = 600  # as runner.train: SCALEBENCH_COMM_TIMEOUT_S overrides it on the node
 
-_FLAVOR_RE = re.compile(r"^(?P<model>[a-z0-9]+)_(?P<layers>[1-9]\d*)L$")
+_FLAVOR_RE = re.compile(r"^(?P<model>[a-z0-9]+)_(?P<layers>[1-9]\d*)L(?:_v(?P<vocab>[1-9]\d*))?$")
 
 
 # ------------------------------------------------------------------------------------------------ model
 
 
-def flavor_name(model: str, num_layers: int) -> str:
-    """model.flavor of a shape at a layer count: "8b_16L"."""
-    return f"{model}_{num_layers}L"
+def flavor_name(model: str, num_layers: int, vocab_size: int | None = None) -> str:
+    """model.flavor of a shape at a layer count, and a vocabulary when the RunSpec overrides it: "8b_16L",
+    "1b_2L_v23000"."""
+    return f"{model}_{num_layers}L" + (f"_v{vocab_size}" if vocab_size else "")
 
 
 def shape_of_flavor(flavor: str) -> ModelShape:
     """The core.shapes shape a flavor name stands for; ValueError naming the allowed form."""
     m = _FLAVOR_RE.match(flavor)
     if not m or m["model"] not in MODEL_NAMES:
-        raise ValueError(f"model.flavor {flavor!r} is not <shape>_<layers>L with shape one of {', '.join(MODEL_NAMES)}")
-    return get_shape(m["model"], int(m["layers"]))
+        raise ValueError(f"model.flavor {flavor!r} is not <shape>_<layers>L[_v<vocab>] with shape one of "
+                         f"{', '.join(MODEL_NAMES)}")
+    return get_shape(m["model"], int(m["layers"]), int(m["vocab"]) if m["vocab"] else None)
 
 
 def model_args(shape: ModelShape) -> dict[str, Any]:
@@ -93,6 +95,18 @@ def check(spec: RunSpec) -> None:
 # ---------------------------------------------------------------------------------------------- mapping
 
 
+def lr_scheduler(spec: RunSpec) -> dict[str, Any]:
+    """TorchTitan's lr_scheduler section for runner.train.lr_factor's schedule.
+
+    Both warm up linearly over lr_warmup_steps ((step + 1) / warmup). constant: decay_ratio 0 gives TorchTitan no
+    decay steps (its default decays linearly over all the steps after the warm-up). cosine (ours: 0.1 + 0.9 x
+    half a cosine over the steps after the warm-up): decay_ratio left unset decays over all of them, cosine, to
+    min_lr_factor 0.1; TorchTitan's one "stable" step is the first after the warm-up, where both give 1."""
+    if spec.lr_schedule == "cosine":
+        return {"warmup_steps": spec.lr_warmup_steps, "decay_type": "cosine", "min_lr_factor": 0.1}
+    return {"warmup_steps": spec.lr_warmup_steps, "decay_ratio": 0.0, "decay_type": "linear", "min_lr_factor": 0.0}
+
+
 def job_sections(spec: RunSpec, *, dump_folder: str, comm_timeout_s: int = DEFAULT_COMM_TIMEOUT_S,
                  log_freq: int | None = None) -> dict[str, dict[str, Any]]:
     """TorchTitan 0.2.2 JobConfig sections for one run ({"training": {"seq_len": 2048, ...}, ...}).
@@ -113,7 +127,7 @@ def job_sections(spec: RunSpec, *, dump_folder: str, comm_timeout_s: int = DEFAU
                     "enable_wandb": False, "disable_color_printing": True},
         "model": {
             "name": MODEL_NAME,
-            "flavor": flavor_name(spec.model, spec.num_layers),
+            "flavor": flavor_name(spec.model, spec.num_layers, spec.vocab_size),
             # No tokenizer is built (the train spec has none); an existing directory keeps ConfigManager quiet.
             "hf_assets_path": dump_folder,
             # bf16: no converter; fp8-*: TorchTitan's float8 Linear converter (torchao Float8Linear)
@@ -123,10 +137,7 @@ def job_sections(spec: RunSpec, *, dump_folder: str, comm_timeout_s: int = DEFAU
                       "eps": ADAMW_EPS, "weight_decay": WEIGHT_DECAY,
                       # fused on GPUs, as our runner
                       "implementation": "fused" if spec.device_type == "cuda" else "foreach"},
-        # Linear warm-up over lr_warmup_steps ((step + 1) / warmup, as runner.train.lr_factor), then constant:
-        # decay_ratio 0 gives no decay steps (TorchTitan's default decays linearly over all remaining steps).
-        "lr_scheduler": {"warmup_steps": spec.lr_warmup_steps, "decay_ratio": 0.0, "decay_type": "linear",
-                         "min_lr_factor": 0.0},
+        "lr_scheduler": lr_scheduler(spec),
         "training": {
             "dataset": DATASET_FILE if spec.data_path else DATASET_SYNTHETIC,
             **({"dataset_path": spec.data_path} if spec.data_path else {}),

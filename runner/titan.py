@@ -157,7 +157,6 @@ def _run(spec: RunSpec, state, toml_path: Path, version: str) -> None:
 
     import runner.titan_spec  # noqa: F401 - registers the train spec (the Trainer's custom_import does it too)
     from core.run_metrics import step_records, summarize
-    from core.shapes import get_shape
     from runner.env import capture_environment, gather_hosts, peaks_for, probe_device
     from runner.fp8 import fp8_dtypes_of_config
     from runner.metrics import DeviceLog, peak_memory_gib
@@ -224,7 +223,7 @@ def _run(spec: RunSpec, state, toml_path: Path, version: str) -> None:
     memory = peak_memory_gib(device)
     trainer.close()
 
-    shape = get_shape(spec.model, spec.num_layers)
+    shape = spec.shape  # the layer and vocabulary overrides included
     bf16_peak, own_peak, mfu_note = peaks_for(info, spec.precision)
     summary = summarize(step_ms, warmup_steps=spec.warmup_steps, tokens_per_step=spec.tokens_per_step,
                         num_devices=spec.num_devices, flops_per_token=shape.flops_per_token(spec.seq_len),

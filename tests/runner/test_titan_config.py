@@ -41,7 +41,8 @@ def gpu_spec(precision: str, layout: str, n: int, **overrides) -> RunSpec:
               scaling="weak", seq_len=2048 * (1 + i % 2), local_batch_size=1 + i % 3, steps=20 + n, warmup_steps=5,
               compile=i % 2 == 0, activation_checkpointing="full" if i % 3 == 0 else "none",
               fp8_all_gather=precision == "fp8-tensorwise" and layout in ("fsdp", "hsdp:shard=2") and i % 2 == 0,
-              lr=2e-4, lr_warmup_steps=3, seed=11 + n, device_type="cuda", cluster="h200")
+              lr=2e-4, lr_warmup_steps=3, lr_schedule="cosine" if i % 2 else "constant",
+              vocab_size=32000 if i % 4 == 1 else None, seed=11 + n, device_type="cuda", cluster="h200")
     kw["precompute_fp8_scales"] = kw["fp8_all_gather"]
     kw.update(overrides)
     return RunSpec(**kw)
@@ -74,7 +75,7 @@ def titan(tmp_path_factory) -> dict:
             path = root / f"{len(tomls)}.toml"
             path.write_text(titan_config.job_toml(spec, dump_folder=str(root / "dump")))
             tomls[key(spec)] = str(path)
-    request = {"tomls": tomls, "flavors": ["debug_2L", "8b_4L", "1b_16L"],
+    request = {"tomls": tomls, "flavors": ["debug_2L", "8b_4L", "1b_16L", "1b_2L_v23000"],
                "data": {"model": "debug", "num_layers": 2, "seq_len": 32, "local_batch_size": 2, "seed": 7,
                         "dp_world_size": 2, "dp_rank": 1}}
     out = subprocess.run([sys.executable, "-m", "tests.runner.titan_probe"], input=json.dumps(request), cwd=REPO,
@@ -158,12 +159,16 @@ def test_torchtitan_parses_the_job_as_the_run_spec_says(titan, spec):
     assert config["compile"]["enable"] is spec.compile and config["compile"]["components"] == ["model", "loss"]
     assert config["activation_checkpoint"]["mode"] == spec.activation_checkpointing
     assert config["optimizer"]["lr"] == spec.lr and config["optimizer"]["implementation"] == "fused"
-    assert (config["lr_scheduler"]["warmup_steps"], config["lr_scheduler"]["decay_ratio"]) == (
-        spec.lr_warmup_steps, 0.0)
+    lr = config["lr_scheduler"]
+    assert lr["warmup_steps"] == spec.lr_warmup_steps
+    if spec.lr_schedule == "constant":  # no decay steps after the warm-up
+        assert lr["decay_ratio"] == 0.0
+    else:  # cosine over every step after the warm-up, to 10% (runner.train.lr_factor)
+        assert (lr["decay_ratio"], lr["decay_type"], lr["min_lr_factor"]) == (None, "cosine", 0.1)
     assert config["debug"]["seed"] == spec.seed
     assert config["checkpoint"]["enable"] is False and config["validation"]["enable"] is False
     assert config["model"]["name"] == titan_config.MODEL_NAME
-    assert config["model"]["flavor"] == f"8b_{spec.num_layers}L"
+    assert config["model"]["flavor"] == f"8b_{spec.num_layers}L" + (f"_v{spec.vocab_size}" if spec.vocab_size else "")
     assert config["experimental"]["custom_import"] == "runner.titan_spec"
     float8 = config["quantize"]["linear"]["float8"]
     if spec.precision == "bf16":
@@ -184,11 +189,13 @@ def test_the_grid_covers_fp8_all_gather_compile_and_ac(titan):
     assert any(c["quantize"]["linear"]["float8"]["enable_fsdp_float8_all_gather"] for c in parsed)
     assert {c["compile"]["enable"] for c in parsed} == {True, False}
     assert {c["activation_checkpoint"]["mode"] for c in parsed} == {"none", "full"}
+    assert {c["lr_scheduler"]["decay_type"] for c in parsed} == {"linear", "cosine"}
+    assert any(c["model"]["flavor"].endswith("_v32000") for c in parsed)
     assert titan["torchtitan"] == titan_config.TORCHTITAN_VERSION
 
 
 @needs_torchtitan
-@pytest.mark.parametrize("flavor", ["debug_2L", "8b_4L", "1b_16L"])
+@pytest.mark.parametrize("flavor", ["debug_2L", "8b_4L", "1b_16L", "1b_2L_v23000"])
 def test_torchtitan_builds_our_shape(titan, flavor):
     """TorchTitan's llama3 Transformer of our flavor has the shape's dimensions and exactly its parameters."""
     shape = titan_config.shape_of_flavor(flavor)
@@ -220,6 +227,8 @@ def test_the_train_spec_serves_the_batches_our_runner_reads(titan):
 def test_flavor_names_round_trip_and_refuse_unknown_shapes():
     assert titan_config.flavor_name("8b", 16) == "8b_16L"
     assert titan_config.shape_of_flavor("8b_16L") == get_shape("8b", 16)
+    assert titan_config.flavor_name("1b", 2, 23000) == "1b_2L_v23000"
+    assert titan_config.shape_of_flavor("1b_2L_v23000") == get_shape("1b", 2, 23000)
     with pytest.raises(ValueError, match="debug, 1b, 8b, 70b, 405b"):
         titan_config.shape_of_flavor("9b_2L")
 
