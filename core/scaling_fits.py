@@ -10,6 +10,13 @@ Both minimize relative residuals (X_fit / X - 1): throughput spans orders of mag
 1% miss at N=512 should weigh what a 1% miss at N=8 weighs. Parameters are kept physical (s in [0, 1],
 sigma >= 0, kappa >= 0): a superlinear series is fitted at the bound rather than with a negative
 contention term that would invent a peak.
+
+The fits are total: any input (any finite or non-finite float, any N) gives parameters or a `FitRefused`
+with its reason, never an exception. Throughput is normalised by the baseline (X at the smallest N) before
+fitting, so the arithmetic sees values near 1 whether tokens/s is 1e-300 or 1e300; relative residuals make
+the fit scale-free, and X1 and lambda are scaled back at the end (refused if that leaves the float range). A
+series whose per-device throughput spans more than MAX_PER_DEVICE_SPAN across N is refused: no scaling law
+describes it, and the arithmetic of the fits is only checked within that span.
 """
 
 from __future__ import annotations
@@ -20,7 +27,17 @@ from dataclasses import dataclass
 from itertools import combinations
 
 MIN_FIT_POINTS = 3
+MAX_FIT_DEVICES = 2**24  # N beyond this is refused (the import and the matrix stop at 65,536)
+MAX_PER_DEVICE_SPAN = 1e6  # max / min of X(N) / N across a series; beyond it the fit is refused
+MIN_NORMALISED_X1 = 1e-9  # a fitted one-device throughput below this share of X(N0) is a collapsed fit
 _GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+@dataclass(frozen=True)
+class FitRefused:
+    """A fit that was not made, and why (shown as the fit's `reason`)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -59,30 +76,53 @@ class USLParams:
 
 
 def amdahl_x(n: float, x1: float, s: float) -> float:
-    return x1 * n / (1 + s * (n - 1))
+    return x1 * (n / (1 + s * (n - 1)))  # the speed-up first: x1 * n may overflow where the answer does not
 
 
 def usl_x(n: float, lam: float, sigma: float, kappa: float) -> float:
-    return lam * n / (1 + sigma * (n - 1) + kappa * n * (n - 1))
+    return lam * (n / (1 + sigma * (n - 1) + kappa * n * (n - 1)))
 
 
 def fit_quality(ns: Sequence[float], xs: Sequence[float], predicted: Sequence[float], num_params: int) -> FitQuality:
-    mean_x = sum(xs) / len(xs)
-    ss_tot = sum((x - mean_x) ** 2 for x in xs)
-    ss_res = sum((p - x) ** 2 for p, x in zip(predicted, xs))
-    rel = [p / x - 1 for p, x in zip(predicted, xs)]
+    """R^2 and the RMS relative error; never raises (R^2 is scale-free: it is computed on X / max |X|, whose
+    squares cannot overflow; a relative error against X = 0 is infinite)."""
+    scale = max((abs(v) for v in (*xs, *predicted) if math.isfinite(v)), default=1.0) or 1.0
+    xs_s, pred_s = [x / scale for x in xs], [p / scale for p in predicted]
+    mean_x = sum(xs_s) / len(xs_s)
+    ss_tot = sum((x - mean_x) * (x - mean_x) for x in xs_s)
+    ss_res = sum((p - x) * (p - x) for p, x in zip(pred_s, xs_s))
+    rel = [p / x - 1 if x else math.inf for p, x in zip(predicted, xs)]
     r2 = 1 - ss_res / ss_tot if ss_tot > 0 else None
     rms = math.sqrt(sum(r * r for r in rel) / len(rel))
     return FitQuality(r_squared=r2, rms_rel_error=rms, num_points=len(xs), dof=len(xs) - num_params)
 
 
-def _check_points(ns: Sequence[float], xs: Sequence[float]) -> None:
+def _normalised(ns: Sequence[float], xs: Sequence[float]) -> tuple[list[float], list[float], float] | FitRefused:
+    """(N, X / X_ref, X_ref) with X_ref the throughput at the smallest N, or why the points cannot be fitted."""
     if len(ns) != len(xs):
-        raise ValueError(f"num_devices ({len(ns)}) and tokens_per_sec ({len(xs)}) differ in length")
+        return FitRefused(f"not fitted: num_devices ({len(ns)}) and tokens_per_sec ({len(xs)}) differ in length")
+    if any(not (isinstance(n, (int, float)) and 1 <= n <= MAX_FIT_DEVICES) for n in ns):
+        return FitRefused(f"not fitted: num_devices must be in 1..{MAX_FIT_DEVICES} at every point")
     if len(set(ns)) < MIN_FIT_POINTS:
-        raise ValueError(f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(set(ns))} distinct N)")
-    if any(x <= 0 for x in xs) or any(n < 1 for n in ns):
-        raise ValueError("fits need tokens_per_sec > 0 and num_devices >= 1 at every point")
+        return FitRefused(f"not fitted: fewer than {MIN_FIT_POINTS} points ({len(set(ns))} distinct N)")
+    if any(not (math.isfinite(x) and x > 0) for x in xs):
+        return FitRefused("not fitted: tokens_per_sec must be finite and > 0 at every point")
+    x_ref = xs[min(range(len(ns)), key=ns.__getitem__)]
+    per_device = [x / x_ref / n for n, x in zip(ns, xs)]  # the ratio first: x / n may underflow
+    lo, hi = min(per_device), max(per_device)
+    if not (lo > 0 and math.isfinite(hi) and hi <= lo * MAX_PER_DEVICE_SPAN):
+        return FitRefused(f"not fitted: per-device throughput spans more than {MAX_PER_DEVICE_SPAN:g}x across N "
+                          "(no scaling law describes that; check the stored values)")
+    return [float(n) for n in ns], [x / x_ref for x in xs], x_ref
+
+
+def _finite_fields(*values: float | None) -> bool:
+    return all(v is None or math.isfinite(v) for v in values)
+
+
+def _out_of_range(normalised_x1: float) -> FitRefused:
+    return FitRefused(f"not fitted: the fitted one-device throughput ({normalised_x1:.3g} x X(N0)) is outside the "
+                      "float range")
 
 
 # ------------------------------------------------------------------------------------------ Amdahl
@@ -95,9 +135,21 @@ def _amdahl_x1_and_sse(ns: Sequence[float], xs: Sequence[float], s: float) -> tu
     return x1, sum((x1 * v - 1) ** 2 for v in u)
 
 
-def fit_amdahl(ns: Sequence[float], xs: Sequence[float]) -> AmdahlParams:
-    """Amdahl fit: a 1-D grid over s in [0, 1] (X1 closed form at each s), then golden-section refinement."""
-    _check_points(ns, xs)
+def fit_amdahl(ns: Sequence[float], xs: Sequence[float]) -> AmdahlParams | FitRefused:
+    """Amdahl fit: a 1-D grid over s in [0, 1] (X1 closed form at each s), then golden-section refinement, on
+    throughput normalised by the baseline."""
+    prepared = _normalised(ns, xs)
+    if isinstance(prepared, FitRefused):
+        return prepared
+    ns, ys, x_ref = prepared
+    fit = _fit_amdahl_normalised(ns, ys)
+    x1 = fit.tokens_per_sec_one_device * x_ref
+    if not _finite_fields(x1, fit.serial_fraction, fit.quality.r_squared, fit.quality.rms_rel_error) or x1 <= 0:
+        return _out_of_range(fit.tokens_per_sec_one_device)
+    return AmdahlParams(tokens_per_sec_one_device=x1, serial_fraction=fit.serial_fraction, quality=fit.quality)
+
+
+def _fit_amdahl_normalised(ns: Sequence[float], xs: Sequence[float]) -> AmdahlParams:
     # 1e-7 .. 1, log-spaced, 8 per decade: the error in s is unimodal at this resolution, and the golden-section
     # search below refines within the best cell (a 40-per-decade grid cost 4x more for the same answer).
     grid = [0.0] + [10 ** (-7 + i / 8) for i in range(57)]
@@ -227,9 +279,23 @@ def _snap_roundoff(p: tuple[float, float, float], n_max: float) -> tuple[float, 
     return p[0], sigma, kappa
 
 
-def fit_usl(ns: Sequence[float], xs: Sequence[float]) -> USLParams:
-    """USL fit: the linearized least squares (active set over sigma >= 0, kappa >= 0), then LM refinement."""
-    _check_points(ns, xs)
+def fit_usl(ns: Sequence[float], xs: Sequence[float]) -> USLParams | FitRefused:
+    """USL fit: the linearized least squares (active set over sigma >= 0, kappa >= 0), then LM refinement, on
+    throughput normalised by the baseline."""
+    prepared = _normalised(ns, xs)
+    if isinstance(prepared, FitRefused):
+        return prepared
+    ns, ys, x_ref = prepared
+    fit = _fit_usl_normalised(ns, ys)
+    if isinstance(fit, FitRefused):
+        return fit
+    lam = fit.lambda_tokens_per_sec * x_ref
+    if not _finite_fields(lam, fit.sigma, fit.kappa, fit.quality.r_squared, fit.quality.rms_rel_error) or lam <= 0:
+        return _out_of_range(fit.lambda_tokens_per_sec)
+    return USLParams(lambda_tokens_per_sec=lam, sigma=fit.sigma, kappa=fit.kappa, quality=fit.quality)
+
+
+def _fit_usl_normalised(ns: Sequence[float], xs: Sequence[float]) -> USLParams | FitRefused:
     candidates = []
     for r in (2, 1, 0):
         for free in combinations(("sigma", "kappa"), r):
@@ -240,8 +306,12 @@ def fit_usl(ns: Sequence[float], xs: Sequence[float]) -> USLParams:
             candidates.append((_usl_sse(ns, xs, p), -len(free), p, free))
         if candidates:
             break  # the fullest feasible model wins; smaller models only when it is infeasible
-    assert candidates, "the pure linear model (sigma = kappa = 0) is always feasible"
+    if not candidates:  # the pure linear model is feasible whenever the arithmetic is (always, normalised)
+        return FitRefused("not fitted: no USL model is feasible for these points (numerically degenerate)")
     _, _, p, free = min(candidates, key=lambda c: (c[0], c[1]))
+    if p[0] < MIN_NORMALISED_X1:  # relative residuals prefer X_fit -> 0 (every residual -1) to a 5x overshoot
+        return FitRefused("not fitted: the USL collapses to zero throughput on these points (they do not follow "
+                          "a scaling law; check the stored values)")
     p = _snap_roundoff(p, max(ns))
     quality = fit_quality(ns, xs, [usl_x(n, *p) for n in ns], num_params=1 + len(free))
     return USLParams(lambda_tokens_per_sec=p[0], sigma=p[1], kappa=p[2], quality=quality)
