@@ -126,11 +126,19 @@ class RegressionHistory(BaseModel):
 
 
 class WebhookCreate(_In):
-    url: str = Field(min_length=8, max_length=2000, pattern=NO_CONTROL_CHARS)
+    url: str = Field(min_length=8, max_length=2000, pattern=NO_CONTROL_CHARS,
+                     description="http(s) URL of a public address (no loopback, link-local, private, unspecified "
+                                 "or multicast address, no credentials); private receivers need "
+                                 "SCALEBENCH_WEBHOOK_ALLOW_PRIVATE=1 on the server.")
     secret: str | None = Field(None, min_length=16, max_length=200,
                                description="HMAC-SHA256 key; generated when absent (shown once).")
     events: list[WebhookEvent] = Field(list(DEFAULT_WEBHOOK_EVENTS), min_length=1)
     enabled: bool = True
+
+
+class WebhookUpdate(_In):
+    enabled: bool | None = Field(None, description="false: stop sending (pending deliveries end as failed).")
+    events: list[WebhookEvent] | None = Field(None, min_length=1)
 
 
 class WebhookRead(BaseModel):
@@ -156,7 +164,8 @@ class DeliveryRead(BaseModel):
     status: Literal["pending", "delivered", "failed"]
     attempt: int
     status_code: int | None
-    error: str | None
+    error: str | None = Field(description="A short status line of the last failed attempt (HTTP status, error "
+                                          "class, or why the target was refused); never the receiver's answer.")
     attempts_log: list[dict[str, Any]]
     next_attempt_at: datetime | None
     delivered_at: datetime | None

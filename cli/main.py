@@ -7,7 +7,7 @@ import logging
 
 import typer
 
-from cli import plan, plot, token
+from cli import plan, plot, token, webhook
 from cli import runs as cli_runs
 from cli import up as cli_up
 
@@ -16,6 +16,7 @@ app = typer.Typer(name="scalebench", help="scalebench: scaling-efficiency experi
 
 GROUPS: list[tuple[str, typer.Typer]] = [
     ("token", token.app),
+    ("webhook", webhook.app),
 ]
 for _name, _group in GROUPS:
     app.add_typer(_group, name=_name)

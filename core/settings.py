@@ -33,6 +33,8 @@ class Settings:
     # A queued run whose latest message is older than this and that no worker claimed is published again
     # (the broker may have lost the message, e.g. a Redis without an append-only file restarted).
     redispatch_after_s: float = 1800.0
+    # Webhooks go to public addresses only; an operator with a receiver inside the cluster allows private ones.
+    webhook_allow_private: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -57,6 +59,7 @@ class Settings:
             write_rate_per_min=float(e.get("SCALEBENCH_WRITE_RATE_PER_MIN", str(cls.write_rate_per_min))),
             write_burst=int(e.get("SCALEBENCH_WRITE_BURST", str(cls.write_burst))),
             redispatch_after_s=float(e.get("SCALEBENCH_REDISPATCH_AFTER_S", "1800")),
+            webhook_allow_private=_bool(e.get("SCALEBENCH_WEBHOOK_ALLOW_PRIVATE")),
         )
 
     @property

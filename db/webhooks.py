@@ -9,11 +9,12 @@ import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from core.webhook_targets import Resolver, TargetRefused
+from core.webhook_targets import check_url as check_target
 from db.models import utcnow
 from db.models_nightly import DEFAULT_WEBHOOK_EVENTS, WEBHOOK_EVENTS, Webhook, WebhookDelivery
 
@@ -26,10 +27,15 @@ class WebhookError(ValueError):
         self.field, self.message, self.allowed = field, message, allowed
 
 
-def check_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise WebhookError("url", f"{url!r} is not an absolute http(s) URL", ["http://host/path", "https://host/path"])
+URL_FORMS = ["https://host/path", "http://host/path (public addresses only)"]
+
+
+def check_url(url: str, *, allow_private: bool = False, resolve: Resolver | None = None) -> str:
+    """A webhook URL the sender may POST to (core.webhook_targets: public addresses, no credentials)."""
+    try:
+        check_target(url, allow_private=allow_private, resolve=resolve)
+    except TargetRefused as exc:
+        raise WebhookError("url", exc.reason, URL_FORMS) from None
     return url
 
 
@@ -43,11 +49,14 @@ def check_events(events: Sequence[str]) -> list[str]:
 
 
 def create_webhook(session: Session, url: str, *, secret: str | None = None, events: Sequence[str] | None = None,
-                   enabled: bool = True, now: datetime | None = None) -> Webhook:
-    """A webhook; without a secret one is generated (returned once by the API, then never shown)."""
+                   enabled: bool = True, now: datetime | None = None, allow_private: bool = False,
+                   resolve: Resolver | None = None) -> Webhook:
+    """A webhook; without a secret one is generated (returned once by the API, then never shown).
+    allow_private: the operator allows receivers on private networks; resolve: check the name's addresses too."""
     if secret is not None and len(secret) < MIN_SECRET_CHARS:
         raise WebhookError("secret", f"must have at least {MIN_SECRET_CHARS} characters")
-    hook = Webhook(url=check_url(url), secret=secret or secrets.token_hex(32),
+    hook = Webhook(url=check_url(url, allow_private=allow_private, resolve=resolve),
+                   secret=secret or secrets.token_hex(32),
                    events=check_events(events if events is not None else DEFAULT_WEBHOOK_EVENTS),
                    enabled=enabled, created_at=now or utcnow())
     session.add(hook)
@@ -61,6 +70,31 @@ def list_webhooks(session: Session) -> list[Webhook]:
 
 def get_webhook(session: Session, webhook_id: int) -> Webhook | None:
     return session.get(Webhook, webhook_id)
+
+
+def update_webhook(session: Session, hook: Webhook, *, enabled: bool | None = None,
+                   events: Sequence[str] | None = None, now: datetime | None = None) -> Webhook:
+    """Enable or disable, change the events. Disabling ends the webhook's pending deliveries (failed, with
+    that reason): a webhook turned off sends nothing more, and turning it on again sends no backlog."""
+    if events is not None:
+        hook.events = check_events(events)
+    if enabled is not None:
+        hook.enabled = enabled
+        if not enabled:
+            session.execute(sa.update(WebhookDelivery)
+                            .where(WebhookDelivery.webhook_id == hook.id, WebhookDelivery.status == "pending")
+                            .values(status="failed", error="webhook disabled", next_attempt_at=None)
+                            .execution_options(synchronize_session=False))
+    session.flush()
+    return hook
+
+
+def delete_webhook(session: Session, hook: Webhook) -> None:
+    """The webhook and its delivery log."""
+    session.execute(sa.delete(WebhookDelivery).where(WebhookDelivery.webhook_id == hook.id)
+                    .execution_options(synchronize_session=False))
+    session.delete(hook)
+    session.flush()
 
 
 def list_deliveries(session: Session, webhook_id: int, limit: int = 100) -> list[WebhookDelivery]:
@@ -103,9 +137,11 @@ def claim_delivery(session: Session, delivery_id: int, seen_next_attempt_at: dat
 
 def record_attempt(session: Session, delivery_id: int, *, now: datetime, status_code: int | None,
                    error: str | None, duration_ms: float, delivered: bool, retry_at: datetime | None) -> None:
-    """The outcome of one attempt: delivered, retry at `retry_at`, or failed for good (retry_at None)."""
+    """The outcome of one attempt: delivered, retry at `retry_at`, or failed for good (retry_at None). Nothing
+    when the delivery is gone (its webhook was deleted during the attempt)."""
     d = session.get(WebhookDelivery, delivery_id)
-    assert d is not None
+    if d is None:
+        return
     d.status_code, d.error = status_code, error
     d.attempts_log = [*d.attempts_log, {"attempt": d.attempt, "at": now.isoformat(), "status_code": status_code,
                                         "error": error, "duration_ms": round(duration_ms, 1)}]

@@ -108,13 +108,15 @@ def evaluate_finished(session_factory: sessionmaker[Session], now: datetime | No
 
 
 def nightly_tick(session_factory: sessionmaker[Session], celery: Celery | None, clusters: Mapping[str, Cluster],
-                 now: datetime | None = None) -> dict[str, list]:
-    """One tick; a failing phase is logged and does not stop the others."""
+                 now: datetime | None = None, *, webhook_allow_private: bool = False) -> dict[str, list]:
+    """One tick; a failing phase is logged and does not stop the others. webhook_allow_private: the operator
+    allows webhook receivers on private networks (settings.webhook_allow_private)."""
     now = now or utcnow()
     out: dict[str, list] = {"fired": [], "evaluated": [], "deliveries": []}
     phases = (("fired", lambda: fire_due_suites(session_factory, celery, clusters, now)),
               ("evaluated", lambda: evaluate_finished(session_factory, now)),
-              ("deliveries", lambda: webhooks.deliver_due(session_factory, now)))
+              ("deliveries", lambda: webhooks.deliver_due(session_factory, now,
+                                                          allow_private=webhook_allow_private)))
     for name, phase in phases:
         try:
             out[name] = phase()

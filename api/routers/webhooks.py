@@ -1,4 +1,7 @@
-"""Webhooks: notified on regression events (default: regression.confirmed) with a signed JSON POST."""
+"""Webhooks: notified on regression events (default: regression.confirmed) with a signed JSON POST.
+
+Every route needs a token, reads included: a webhook's host and its delivery log are an operator's business.
+URLs are checked by core.webhook_targets (public addresses only, unless settings.webhook_allow_private)."""
 
 from __future__ import annotations
 
@@ -7,10 +10,11 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Path, Query, Response
 
-from api.deps import ReadAuth, SessionDep, WriteAuth
+from api.deps import SessionDep, SettingsDep, WriteAuth
 from api.guard import GuardedRoute
-from api.nightly_schemas import DeliveryRead, WebhookCreate, WebhookCreated, WebhookRead
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
+from api.nightly_schemas import DeliveryRead, WebhookCreate, WebhookCreated, WebhookRead, WebhookUpdate
+from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
+from core.webhook_targets import system_resolve
 from db import webhooks as q
 from db.models_nightly import Webhook
 
@@ -34,33 +38,57 @@ router = APIRouter(prefix="/webhooks", tags=["webhooks"], route_class=GuardedRou
 WebhookId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Webhook id.")]
 
 
-@router.post("", status_code=201, response_model=WebhookCreated, responses=PROBLEM_RESPONSES,
+def _problem(exc: q.WebhookError) -> ProblemError:
+    return ProblemError(422, str(exc), [FieldError(field=exc.field, message=exc.message, allowed=exc.allowed)])
+
+
+@router.post("", status_code=201, response_model=WebhookCreated, responses=WRITE_RESPONSES,
              summary="Register a webhook (the secret is returned once)")
-def create_webhook(body: WebhookCreate, session: SessionDep, _auth: WriteAuth, response: Response) -> Any:
+def create_webhook(body: WebhookCreate, session: SessionDep, settings: SettingsDep, _auth: WriteAuth,
+                   response: Response) -> Any:
     try:
-        hook = q.create_webhook(session, body.url, secret=body.secret, events=body.events, enabled=body.enabled)
+        hook = q.create_webhook(session, body.url, secret=body.secret, events=body.events, enabled=body.enabled,
+                                allow_private=settings.webhook_allow_private, resolve=system_resolve)
     except q.WebhookError as exc:
-        raise ProblemError(
-            422, str(exc), [FieldError(field=exc.field, message=exc.message, allowed=exc.allowed)]
-        ) from exc
+        raise _problem(exc) from exc
     session.commit()
     response.headers["Location"] = f"/webhooks/{hook.id}"
     return webhook_read(hook) | {"secret": hook.secret}
 
 
-@router.get("", response_model=list[WebhookRead], responses=PROBLEM_RESPONSES, summary="List webhooks")
-def list_webhooks(session: SessionDep, _auth: ReadAuth) -> Any:
+@router.get("", response_model=list[WebhookRead], responses=PROBLEM_RESPONSES, summary="List webhooks (token)")
+def list_webhooks(session: SessionDep, _auth: WriteAuth) -> Any:
     return [webhook_read(h) for h in q.list_webhooks(session)]
+
+
+@router.patch("/{webhook_id}", response_model=WebhookRead, responses=WRITE_RESPONSES,
+              summary="Enable or disable a webhook, or change its events")
+def update_webhook(webhook_id: WebhookId, body: WebhookUpdate, session: SessionDep, _auth: WriteAuth) -> Any:
+    hook = found(q.get_webhook(session, webhook_id), "webhook", webhook_id)
+    try:
+        q.update_webhook(session, hook, enabled=body.enabled, events=body.events)
+    except q.WebhookError as exc:
+        raise _problem(exc) from exc
+    session.commit()
+    return webhook_read(hook)
+
+
+@router.delete("/{webhook_id}", status_code=204, responses=PROBLEM_RESPONSES,
+               summary="Delete a webhook and its delivery log")
+def delete_webhook(webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth) -> Response:
+    q.delete_webhook(session, found(q.get_webhook(session, webhook_id), "webhook", webhook_id))
+    session.commit()
+    return Response(status_code=204)
 
 
 @router.get(
     "/{webhook_id}/deliveries",
     response_model=list[DeliveryRead],
     responses=PROBLEM_RESPONSES,
-    summary="Delivery log of a webhook, newest first (every attempt with its status code or error)",
+    summary="Delivery log of a webhook, newest first (every attempt with its status code or error; token)",
 )
 def list_deliveries(
-    webhook_id: WebhookId, session: SessionDep, _auth: ReadAuth, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth, limit: Annotated[int, Query(ge=1, le=500)] = 100
 ) -> Any:
     found(q.get_webhook(session, webhook_id), "webhook", webhook_id)
     return q.list_deliveries(session, webhook_id, limit)

@@ -61,7 +61,7 @@ def fp8_slower_with_new_torchao(bad_nights):
 def test_ten_percent_drop_suspected_then_confirmed_then_recovered_with_env_diff(pg_session_factory):
     with pg_session_factory() as s:
         suite = make_suite(s)
-        create_webhook(s, "http://127.0.0.1:9/hook", events=["regression.confirmed"])
+        create_webhook(s, "http://127.0.0.1:9/hook", events=["regression.confirmed"], allow_private=True)
         s.commit()
     values = fp8_slower_with_new_torchao(bad_nights={15, 16})
     run_nights(pg_session_factory, suite, range(15), values)

@@ -1,4 +1,5 @@
-"""Webhook delivery to a real HTTP server on 127.0.0.1: signed body, retries with backoff, delivery log."""
+"""Webhook delivery to a real HTTP server on 127.0.0.1 (a receiver inside the cluster: the operator allows private
+targets here, allow_private=True): signed body, retries with backoff, delivery log."""
 
 from __future__ import annotations
 
@@ -63,8 +64,9 @@ def receiver_factory() -> Iterator:
 
 def _enqueue(factory, url: str) -> int:
     with factory() as s:
-        create_webhook(s, url, secret=SECRET, events=["regression.confirmed"])
-        create_webhook(s, url, secret=SECRET, events=["regression.recovered"])  # not subscribed: no delivery
+        create_webhook(s, url, secret=SECRET, events=["regression.confirmed"], allow_private=True)
+        create_webhook(s, url, secret=SECRET, events=["regression.recovered"],  # not subscribed: no delivery
+                       allow_private=True)
         [delivery_id] = enqueue_event(
             s,
             "regression.confirmed",
@@ -78,7 +80,7 @@ def _enqueue(factory, url: str) -> int:
 def test_receiver_gets_a_signed_payload_that_verifies(pg_session_factory, receiver_factory):
     receiver = receiver_factory([])
     delivery_id = _enqueue(pg_session_factory, receiver.url)
-    [outcome] = deliver_due(pg_session_factory, NOW)
+    [outcome] = deliver_due(pg_session_factory, NOW, allow_private=True)
     assert outcome.delivered and outcome.status_code == 200
 
     [(headers, body)] = receiver.requests
@@ -93,20 +95,21 @@ def test_receiver_gets_a_signed_payload_that_verifies(pg_session_factory, receiv
     with pg_session_factory() as s:
         d = s.get(WebhookDelivery, delivery_id)
         assert (d.status, d.attempt, d.status_code, d.delivered_at) == ("delivered", 1, 200, NOW)
-    assert deliver_due(pg_session_factory, NOW + timedelta(hours=1)) == []  # delivered once
+    assert deliver_due(pg_session_factory, NOW + timedelta(hours=1), allow_private=True) == []  # delivered once
 
 
 def test_a_failing_receiver_is_retried_with_backoff(pg_session_factory, receiver_factory):
     receiver = receiver_factory([500, 503])
     delivery_id = _enqueue(pg_session_factory, receiver.url)
-    [first] = deliver_due(pg_session_factory, NOW)
+    [first] = deliver_due(pg_session_factory, NOW, allow_private=True)
     assert not first.delivered and first.status_code == 500 and "HTTP 500" in first.error
-    assert deliver_due(pg_session_factory, NOW + timedelta(seconds=BASE_DELAY_S - 1)) == []  # not due yet
-    [second] = deliver_due(pg_session_factory, NOW + timedelta(seconds=BASE_DELAY_S))
+    not_yet = NOW + timedelta(seconds=BASE_DELAY_S - 1)
+    assert deliver_due(pg_session_factory, not_yet, allow_private=True) == []
+    [second] = deliver_due(pg_session_factory, NOW + timedelta(seconds=BASE_DELAY_S), allow_private=True)
     assert second.status_code == 503 and second.attempt == 2
     third_at = NOW + timedelta(seconds=BASE_DELAY_S * 3)  # second delay is 2 * BASE_DELAY_S
-    assert deliver_due(pg_session_factory, third_at - timedelta(seconds=1)) == []
-    [third] = deliver_due(pg_session_factory, third_at)
+    assert deliver_due(pg_session_factory, third_at - timedelta(seconds=1), allow_private=True) == []
+    [third] = deliver_due(pg_session_factory, third_at, allow_private=True)
     assert third.delivered and third.attempt == 3
     assert [json.loads(b)["attempt"] for _, b in receiver.requests] == [1, 2, 3]
     with pg_session_factory() as s:
@@ -119,10 +122,10 @@ def test_gives_up_after_bounded_attempts(pg_session_factory, receiver_factory):
     delivery_id = _enqueue(pg_session_factory, receiver.url)
     at = NOW
     for _ in range(3):
-        [o] = deliver_due(pg_session_factory, at, max_attempts=3)
+        [o] = deliver_due(pg_session_factory, at, max_attempts=3, allow_private=True)
         at += timedelta(hours=2)
     assert o.gave_up and len(receiver.requests) == 3
-    assert deliver_due(pg_session_factory, at + timedelta(days=1), max_attempts=3) == []
+    assert deliver_due(pg_session_factory, at + timedelta(days=1), max_attempts=3, allow_private=True) == []
     with pg_session_factory() as s:
         d = s.get(WebhookDelivery, delivery_id)
         assert d.status == "failed" and d.next_attempt_at is None and len(d.attempts_log) == 3
@@ -130,7 +133,7 @@ def test_gives_up_after_bounded_attempts(pg_session_factory, receiver_factory):
 
 def test_unreachable_receiver_is_an_error_not_a_crash(pg_session_factory):
     delivery_id = _enqueue(pg_session_factory, "http://127.0.0.1:9/nothing-listens")
-    [o] = deliver_due(pg_session_factory, NOW)
+    [o] = deliver_due(pg_session_factory, NOW, allow_private=True)
     assert not o.delivered and o.status_code is None and "ConnectError" in o.error
     with pg_session_factory() as s:
         assert s.get(WebhookDelivery, delivery_id).next_attempt_at == NOW + timedelta(seconds=BASE_DELAY_S)
