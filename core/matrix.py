@@ -124,7 +124,8 @@ def expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[
                     try:
                         degrees = resolve_layout(layout, n)
                         reason = (_point_reason(spec, cluster, precision, degrees)
-                                  or engine_reason(engine, cluster, precision, layout, degrees))
+                                  or engine_reason(engine, cluster, precision, layout, degrees,
+                                                   seq_len=spec.seq_len, eval_every_steps=spec.eval_every_steps))
                     except ValueError as exc:
                         reason = str(exc)
                     if reason:
