@@ -16,9 +16,10 @@ message, the reaper and a cancel can race without a lost update. Functions never
 A lease ends early (expire_leases) when its worker is known dead (its pid is gone on this host); the reaper
 then takes the run as above without waiting for the lease to run out.
 
-Which queued run a message starts: claim_candidates, the oldest published run of the message's cluster and
-queue (or the message's own run), so runs of a cluster start in submission order whatever order the broker
-delivers messages in; each message still claims at most one run and each run is claimed once (claim_run).
+Which queued run a message starts: claim_candidates, the oldest published or requeued run of the message's
+cluster and queue (or the message's own run), so runs of a cluster start in submission order whatever order the
+broker delivers messages in, and a run requeued after its worker died keeps its place; each message still claims
+at most one run and each run is claimed once (claim_run).
 """
 
 from __future__ import annotations
@@ -61,30 +62,56 @@ def claim_run(session: Session, run_id: int, worker: str, host: str, lease_s: fl
     count_attempt=False: the worker re-attaches to a Slurm job submitted by an earlier claim (no new launch),
     so neither the attempt count nor started_at changes."""
     now = now or utcnow()
-    return _update(
-        session, run_id, [Run.status == "queued", Run.cancel_requested.is_(False)],
-        status="running", attempts=Run.attempts + int(count_attempt), worker=worker, host=host,
-        started_at=now if count_attempt else sa.func.coalesce(Run.started_at, now),
-        heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s), finished_at=None,
-        error_kind=None, error_message=None,
-    )
+    stmt = (sa.update(Run).where(Run.id == run_id, Run.status == "queued", Run.cancel_requested.is_(False))
+            .values(status="running", attempts=Run.attempts + int(count_attempt), worker=worker, host=host,
+                    started_at=now if count_attempt else sa.func.coalesce(Run.started_at, now),
+                    heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s), finished_at=None,
+                    error_kind=None, error_message=None)
+            .returning(Run.dispatched_at, Run.num_dispatches, Run.queue, Run.cluster))
+    row = session.execute(stmt.execution_options(synchronize_session=False)).first()
+    if row is None:
+        return False
+    if row.dispatched_at is None and row.num_dispatches > 0:  # requeued: it started on another run's message
+        _give_back_a_message(session, row.queue, row.cluster)
+    return True
+
+
+def _requeued() -> sa.ColumnElement[bool]:
+    """Queued again with no message of its own in flight (reaped, retried, interrupted or released): it was
+    published before (num_dispatches > 0) and its message was consumed."""
+    return sa.and_(Run.dispatched_at.is_(None), Run.num_dispatches > 0)
+
+
+def _give_back_a_message(session: Session, queue: str, cluster: str) -> None:
+    """A requeued run took a message that a published run was counting on: the newest published queued run of
+    the queue is marked unpublished, so that the dispatcher publishes one more message for it. Every published
+    run keeps a message in flight, and the requeued run did not wait behind runs submitted after it."""
+    newest = (sa.select(Run.id)
+              .where(Run.queue == queue, Run.cluster == cluster, Run.status == "queued",
+                     Run.dispatched_at.is_not(None), Run.cancel_requested.is_(False))
+              .order_by(Run.id.desc()).limit(1).scalar_subquery())
+    session.execute(sa.update(Run).where(Run.id == newest).values(dispatched_at=None)
+                    .execution_options(synchronize_session=False))
 
 
 def claim_candidates(session: Session, run_id: int, exclude: Collection[int] = (), limit: int = 20) -> list[int]:
     """Queued runs a message for `run_id` may start, oldest first: uncancelled runs of its cluster and queue
-    whose message was published (a run whose message is not out yet waits for it), and run_id itself.
+    whose message was published or that were requeued (their message consumed: reaped after a worker died,
+    retried, interrupted), and run_id itself.
 
-    Claiming the oldest keeps submission order whatever order the broker delivers in. The count still adds
-    up: a message starts one published run, so every published run keeps a message of its own cluster.
-    Runs not yet published are not taken by another run's message (the dispatcher would not publish them
-    once claimed, leaving that other run without one); so a message delivered in the milliseconds before its
-    publisher committed dispatched_at starts its own run."""
+    Claiming the oldest keeps submission order whatever order the broker delivers in, and a requeued run keeps
+    its place instead of waiting for the dispatcher to publish it again. The count still adds up: a message
+    starts one published run, so every published run keeps a message of its own cluster; a requeued run that
+    takes one makes the newest published run give its message back (claim_run). Runs never published yet are
+    not taken by another run's message (their publisher is sending one); so a message delivered in the
+    milliseconds before its publisher committed dispatched_at starts its own run."""
     own = session.execute(sa.select(Run.queue, Run.cluster).where(Run.id == run_id)).first()
     if own is None:
         return []
     stmt = (sa.select(Run.id)
             .where(Run.queue == own.queue, Run.cluster == own.cluster, Run.status == "queued",
-                   Run.cancel_requested.is_(False), sa.or_(Run.dispatched_at.is_not(None), Run.id == run_id))
+                   Run.cancel_requested.is_(False),
+                   sa.or_(Run.dispatched_at.is_not(None), _requeued(), Run.id == run_id))
             .order_by(Run.id).limit(limit))
     if exclude:
         stmt = stmt.where(Run.id.not_in(list(exclude)))

@@ -140,3 +140,39 @@ def test_update_launch_moves_between_pending_and_running(factory):
             rq.update_launch(s, ids[0], status="succeeded")
     with factory() as s:
         assert (rq.get_run(s, ids[0]).status, rq.get_run(s, ids[0]).slurm_job_id) == ("pending", "7")
+
+
+def test_a_requeued_run_keeps_its_place_in_the_claim_order(factory):
+    """Run a's worker died: a is requeued (its message consumed, not yet published again). The next message, of a
+    later run, starts a first (submission order), and the newest published run gives its message back so that
+    every published run still has one (the dispatcher publishes it anew)."""
+    from db.outbox import lock_undispatched, stamp_dispatched
+
+    with session_scope(factory) as s:
+        _, ids = add_experiment(s)
+        stamp_dispatched(s, ids)  # every run published
+    a, b, newest = ids[0], ids[1], ids[-1]
+    with session_scope(factory) as s:
+        assert rq.claim_run(s, a, "w1", "h", lease_s=5)
+    with session_scope(factory) as s:
+        requeued, failed = rq.reap_expired(s, now=utcnow() + timedelta(seconds=60))
+        assert (requeued, failed) == ([a], [])
+    with session_scope(factory) as s:
+        assert rq.claim_candidates(s, b)[0] == a  # before b and every later run
+        assert rq.claim_run(s, a, "w2", "h", lease_s=30)
+        assert [i for i, _ in lock_undispatched(s, None, 10)] == [newest]  # its message given back
+    with session_scope(factory) as s:
+        stamp_dispatched(s, [newest])
+        assert rq.claim_candidates(s, b)[0] == b  # then the others, in order
+        assert rq.claim_run(s, b, "w3", "h", lease_s=30)
+        assert lock_undispatched(s, None, 10) == []  # a published run's own claim gives nothing back
+
+
+def test_a_run_never_published_is_not_taken_by_another_message(factory):
+    with session_scope(factory) as s:
+        _, ids = add_experiment(s)
+        from db.outbox import stamp_dispatched
+        stamp_dispatched(s, ids[1:])
+    with session_scope(factory) as s:
+        assert ids[0] not in rq.claim_candidates(s, ids[1])  # its publisher is sending its message
+        assert rq.claim_candidates(s, ids[0])[0] == ids[0]  # ... which starts it
