@@ -61,7 +61,7 @@ def run_one(args: argparse.Namespace, spec: RunSpec, name: str) -> tuple[RunResu
     run_dir = Path(args.out) / "runs" / name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
-    env = {**os.environ, "PYTHONPATH": str(REPO),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
            "TORCHINDUCTOR_CACHE_DIR": str(Path(args.out) / "inductor-cache")}  # later seeds reuse the compiles
     t0 = time.monotonic()
     with open(run_dir / "log.txt", "w") as log_file:
@@ -163,6 +163,10 @@ def main() -> int:
     first, rest = jobs[0], jobs[1:]
     r, wall = run_one(args, make_spec(args, *first, args.steps), f"{first[0]}-s{first[1]}")
     results.setdefault(first[0], {})[first[1]] = (r, wall)
+    if r is None or r.status != "succeeded":
+        log_tail = (Path(args.out) / "runs" / f"{first[0]}-s{first[1]}" / "log.txt").read_text()[-3000:]
+        print(f"first run failed after {wall:.0f} s: {r.error.message[:500] if r and r.error else ''}\n{log_tail}")
+        return 1
     estimate = wall * len(jobs) / args.parallel
     print(f"first run {first[0]} seed {first[1]}: {wall:.0f} s; estimate for {len(jobs)} runs at --parallel "
           f"{args.parallel}: ~{estimate:.0f} s", flush=True)
