@@ -8,7 +8,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.specs import ExperimentSpec
-from db.models_nightly import DEFAULT_SCHEDULE, DEFAULT_WEBHOOK_EVENTS
+from db.models_nightly import (
+    DEFAULT_CONCURRENCY_POLICY,
+    DEFAULT_MAX_QUEUED_RUNS,
+    DEFAULT_SCHEDULE,
+    DEFAULT_WEBHOOK_EVENTS,
+)
 
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 RegressionStatus = Literal["suspected", "confirmed", "recovered", "improved", "failed"]
@@ -16,6 +21,12 @@ MetricName = Literal["tokens_per_sec", "efficiency", "fp8_speedup", "peak_memory
                      "run_status"]
 WebhookEvent = Literal["regression.suspected", "regression.confirmed", "regression.failed",
                        "regression.recovered", "regression.improved"]
+
+
+ConcurrencyPolicy = Literal["skip", "queue", "replace"]
+POLICY_HELP = ("What a scheduled firing does while an earlier firing has unfinished runs: skip it (recorded with "
+               "the reason), queue it behind them, or replace them (cancel their runs, then fire).")
+CAP_HELP = "A firing is skipped while this many of the suite's runs are still queued (any policy, manual too)."
 
 
 class _In(BaseModel):
@@ -33,6 +44,8 @@ class SuiteCreate(_In):
     thresholds: dict[str, float] = Field({}, description="Per metric: relative threshold (fraction), or the "
                                                          "absolute limit for fp8_loss_gap.")
     baseline_nights: int = Field(7, ge=3, le=60, description="K: baseline = median of the last K good nights.")
+    concurrency_policy: ConcurrencyPolicy = Field(DEFAULT_CONCURRENCY_POLICY, description=POLICY_HELP)
+    max_queued_runs: int = Field(DEFAULT_MAX_QUEUED_RUNS, ge=1, le=100_000, description=CAP_HELP)
 
 
 class SuiteUpdate(_In):
@@ -40,6 +53,8 @@ class SuiteUpdate(_In):
     schedule: str | None = Field(None, max_length=100)
     thresholds: dict[str, float] | None = None
     baseline_nights: int | None = Field(None, ge=3, le=60)
+    concurrency_policy: ConcurrencyPolicy | None = Field(None, description=POLICY_HELP)
+    max_queued_runs: int | None = Field(None, ge=1, le=100_000, description=CAP_HELP)
 
 
 class SuiteRead(BaseModel):
@@ -56,8 +71,23 @@ class SuiteRead(BaseModel):
     last_fired_at: datetime | None
     next_fire_at: datetime | None
     last_error: str | None
+    concurrency_policy: ConcurrencyPolicy
+    max_queued_runs: int
     created_at: datetime
     updated_at: datetime
+
+
+class SuiteFiringRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    suite_id: int
+    fired_at: datetime
+    trigger: Literal["schedule", "manual"]
+    outcome: Literal["fired", "skipped", "failed"]
+    experiment_id: int | None
+    num_runs: int
+    num_cancelled: int = Field(description="Runs of earlier firings cancelled or asked to stop (replace).")
+    reason: str | None = Field(description="Why skipped or failed; what was replaced.")
 
 
 class TriggerRead(BaseModel):

@@ -20,12 +20,21 @@ DELIVERY_STATUSES = ("pending", "delivered", "failed")
 WEBHOOK_EVENTS = ("regression.suspected", "regression.confirmed", "regression.failed", "regression.recovered",
                   "regression.improved")
 DEFAULT_WEBHOOK_EVENTS = ["regression.confirmed"]
+# What a scheduled firing does while an earlier firing of its suite has unfinished runs (Kubernetes CronJob's
+# concurrencyPolicy): skip it (the default), queue it behind them, or replace them (cancel, then fire).
+CONCURRENCY_POLICIES = ("skip", "queue", "replace")
+DEFAULT_CONCURRENCY_POLICY = "skip"
+DEFAULT_MAX_QUEUED_RUNS = 200  # a firing is skipped while this many of the suite's runs are still queued
+FIRING_OUTCOMES = ("fired", "skipped", "failed")
+FIRING_TRIGGERS = ("schedule", "manual")
+MAX_FIRINGS_KEPT = 1000  # per suite: older firing records are deleted as new ones come
 
 
 class Suite(Base):
     """A saved experiment template fired on a cron schedule; its experiments carry suite_id."""
 
     __tablename__ = "suites"
+    __table_args__ = (enum_check("concurrency_policy", CONCURRENCY_POLICIES),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(200), unique=True)
@@ -38,8 +47,34 @@ class Suite(Base):
     last_fired_at: Mapped[datetime | None]
     next_fire_at: Mapped[datetime | None] = mapped_column(index=True)  # claimed by compare-and-set
     last_error: Mapped[str | None] = mapped_column(sa.Text)  # why the last firing created no experiment
+    concurrency_policy: Mapped[str] = mapped_column(sa.String(16), default=DEFAULT_CONCURRENCY_POLICY,
+                                                    server_default=DEFAULT_CONCURRENCY_POLICY)
+    max_queued_runs: Mapped[int] = mapped_column(default=DEFAULT_MAX_QUEUED_RUNS,
+                                                 server_default=str(DEFAULT_MAX_QUEUED_RUNS))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SuiteFiring(Base):
+    """One firing of a suite, scheduled or manual: the experiment it created, or why it created none (skipped by
+    the concurrency policy or the queued-run cap, failed to expand), and what it replaced."""
+
+    __tablename__ = "suite_firings"
+    __table_args__ = (
+        enum_check("outcome", FIRING_OUTCOMES),
+        enum_check("trigger", FIRING_TRIGGERS),
+        sa.Index("ix_suite_firings_suite_id_id", "suite_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    suite_id: Mapped[int] = mapped_column(sa.ForeignKey("suites.id", ondelete="CASCADE"))
+    fired_at: Mapped[datetime]
+    trigger: Mapped[str] = mapped_column(sa.String(16))
+    outcome: Mapped[str] = mapped_column(sa.String(16))
+    experiment_id: Mapped[int | None] = mapped_column(sa.ForeignKey("experiments.id", ondelete="SET NULL"))
+    num_runs: Mapped[int] = mapped_column(default=0)  # runs the firing created
+    num_cancelled: Mapped[int] = mapped_column(default=0)  # runs of earlier firings it cancelled (replace)
+    reason: Mapped[str | None] = mapped_column(sa.Text)  # why skipped or failed; what was replaced
 
 
 class SuiteEvaluation(Base):

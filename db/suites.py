@@ -7,6 +7,13 @@ beat processes that read the same due suite both try it, exactly one changes a r
 second UPDATE waits for the first transaction and then re-checks its WHERE against the committed row;
 SQLite serializes writers. The claim and the experiment are committed together, so a crash between them
 leaves neither.
+
+Concurrency (what a scheduled firing does while an earlier firing of the suite has unfinished runs, as in a
+Kubernetes CronJob): `skip` (the default) records the firing as skipped with its reason; `queue` fires anyway;
+`replace` cancels the earlier firings' unfinished runs (queued ones now, running ones through their worker)
+and fires. Whatever the policy, a firing is skipped while the suite has max_queued_runs runs still queued, so
+a schedule faster than its runs cannot pile up work without bound. A manual trigger ignores the policy but not
+the cap. Every firing is recorded (suite_firings: fired, skipped or failed, with the reason).
 """
 
 from __future__ import annotations
@@ -25,8 +32,16 @@ from core.matrix import expand
 from core.regression import DEFAULT_METRICS
 from core.specs import ExperimentSpec
 from db.experiments import create_experiment
-from db.models import Experiment, utcnow
-from db.models_nightly import DEFAULT_SCHEDULE, Suite
+from db.models import Experiment, Run, utcnow
+from db.models_nightly import (
+    CONCURRENCY_POLICIES,
+    DEFAULT_CONCURRENCY_POLICY,
+    DEFAULT_MAX_QUEUED_RUNS,
+    DEFAULT_SCHEDULE,
+    MAX_FIRINGS_KEPT,
+    Suite,
+    SuiteFiring,
+)
 
 NIGHTLY_METRICS = ("tokens_per_sec", "efficiency", "fp8_speedup", "peak_memory_allocated_gib", "fp8_loss_gap",
                    "numerics")
@@ -65,6 +80,16 @@ def check_thresholds(thresholds: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
+MAX_QUEUED_RUNS_LIMIT = 100_000
+
+
+def check_concurrency(policy: str | None, max_queued_runs: int | None) -> None:
+    if policy is not None and policy not in CONCURRENCY_POLICIES:
+        raise SuiteError("concurrency_policy", f"unknown policy {policy!r}", list(CONCURRENCY_POLICIES))
+    if max_queued_runs is not None and not 1 <= max_queued_runs <= MAX_QUEUED_RUNS_LIMIT:
+        raise SuiteError("max_queued_runs", f"{max_queued_runs} runs: must be 1..{MAX_QUEUED_RUNS_LIMIT}")
+
+
 def suite_spec(suite: Suite, fired_at: datetime | None = None) -> ExperimentSpec:
     """The suite's template on the suite's cluster, named after the suite and the firing."""
     spec = ExperimentSpec.model_validate(suite.spec)
@@ -81,13 +106,16 @@ def check_expands(spec: ExperimentSpec, cluster: Cluster) -> None:
 
 def create_suite(session: Session, *, name: str, spec: ExperimentSpec, cluster: str, schedule: str = DEFAULT_SCHEDULE,
                  enabled: bool = True, thresholds: Mapping[str, float] | None = None, baseline_nights: int = 7,
+                 concurrency_policy: str = DEFAULT_CONCURRENCY_POLICY, max_queued_runs: int = DEFAULT_MAX_QUEUED_RUNS,
                  now: datetime | None = None) -> Suite:
     now = now or utcnow()
     expression = check_schedule(schedule)
+    check_concurrency(concurrency_policy, max_queued_runs)
     suite = Suite(name=name, spec=spec.model_copy(update={"cluster": cluster}).model_dump(mode="json"),
                   cluster=cluster, schedule=expression, enabled=enabled,
                   thresholds=check_thresholds(thresholds or {}), baseline_nights=baseline_nights,
                   next_fire_at=parse_cron(expression).next_after(now) if enabled else None,
+                  concurrency_policy=concurrency_policy, max_queued_runs=max_queued_runs,
                   created_at=now, updated_at=now)
     session.add(suite)
     session.flush()
@@ -96,9 +124,16 @@ def create_suite(session: Session, *, name: str, spec: ExperimentSpec, cluster: 
 
 def update_suite(session: Session, suite: Suite, *, enabled: bool | None = None, schedule: str | None = None,
                  thresholds: Mapping[str, float] | None = None, baseline_nights: int | None = None,
+                 concurrency_policy: str | None = None, max_queued_runs: int | None = None,
                  now: datetime | None = None) -> Suite:
-    """Enable/disable, reschedule, change thresholds; the next firing is recomputed from `now`."""
+    """Enable/disable, reschedule, change thresholds or the concurrency policy and cap; the next firing is
+    recomputed from `now`."""
     now = now or utcnow()
+    check_concurrency(concurrency_policy, max_queued_runs)
+    if concurrency_policy is not None:
+        suite.concurrency_policy = concurrency_policy
+    if max_queued_runs is not None:
+        suite.max_queued_runs = max_queued_runs
     if schedule is not None:
         suite.schedule = check_schedule(schedule)
     if thresholds is not None:
@@ -169,18 +204,112 @@ def create_suite_experiment(session: Session, suite: Suite, cluster: Cluster,
 
 @dataclass(frozen=True)
 class Fired:
-    """What firing a suite stored: its experiment and runs, or why it could not (recorded on the suite)."""
+    """What firing a suite stored: its experiment and runs, or why it could not (recorded on the suite), or why
+    it was skipped (the concurrency policy or the queued-run cap; recorded as a skipped firing)."""
 
     suite_id: int
     experiment_id: int | None
     run_ids: list[int] = field(default_factory=list)
     error: str | None = None
     dispatched: bool = False
+    skipped: str | None = None  # the reason a firing created nothing on purpose
+    num_cancelled: int = 0  # runs of earlier firings cancelled (replace)
 
 
-def fire_suite(session: Session, suite: Suite, clusters: Mapping[str, Cluster], now: datetime) -> Fired:
-    """Create the suite's experiment (the caller already holds the claim, or this is a manual trigger), or
-    record on the suite why it cannot expand. The caller commits, then publishes the run ids."""
+@dataclass(frozen=True)
+class Unfinished:
+    """The suite's runs that have not ended, over all its experiments."""
+
+    num_queued: int
+    num_active: int  # pending or running
+    experiment_ids: list[int]
+
+    @property
+    def total(self) -> int:
+        return self.num_queued + self.num_active
+
+
+def unfinished_runs(session: Session, suite_id: int) -> Unfinished:
+    stmt = (sa.select(Run.experiment_id, Run.status, sa.func.count())
+            .join(Experiment, Experiment.id == Run.experiment_id)
+            .where(Experiment.suite_id == suite_id, Run.status.in_(("queued", "pending", "running")))
+            .group_by(Run.experiment_id, Run.status))
+    rows = session.execute(stmt).all()
+    return Unfinished(num_queued=sum(n for _, status, n in rows if status == "queued"),
+                      num_active=sum(n for _, status, n in rows if status != "queued"),
+                      experiment_ids=sorted({e for e, _, _ in rows}))
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
+def cancel_unfinished(session: Session, suite: Suite, now: datetime) -> int:
+    """`replace`: the suite's queued runs -> cancelled now; its pending and running runs get cancel_requested
+    (their worker stops them within seconds). Returns how many runs were cancelled or asked to stop."""
+    of_suite = Run.experiment_id.in_(sa.select(Experiment.id).where(Experiment.suite_id == suite.id))
+    message = f"cancelled: replaced by a newer firing of suite {suite.name!r}"[:2000]
+    cancelled = session.execute(
+        sa.update(Run).where(of_suite, Run.status == "queued")
+        .values(status="cancelled", error_kind="cancelled", error_message=message, finished_at=now)
+        .execution_options(synchronize_session=False)).rowcount
+    marked = session.execute(
+        sa.update(Run).where(of_suite, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False))
+        .values(cancel_requested=True).execution_options(synchronize_session=False)).rowcount
+    return cancelled + marked
+
+
+def firing_skip_reason(suite: Suite, unfinished: Unfinished, trigger: str) -> str | None:
+    """Why this firing must not create an experiment, or None (replace cancels before it asks)."""
+    if trigger == "schedule" and suite.concurrency_policy == "skip" and unfinished.total:
+        return (f"concurrency_policy skip: earlier firings have {unfinished.total} unfinished runs "
+                f"({unfinished.num_queued} queued, {unfinished.num_active} running) in experiments "
+                f"{_ids(unfinished.experiment_ids)}")
+    if unfinished.num_queued >= suite.max_queued_runs:
+        return (f"max_queued_runs: {unfinished.num_queued} runs of earlier firings are still queued "
+                f"(the cap is {suite.max_queued_runs}) in experiments {_ids(unfinished.experiment_ids)}")
+    return None
+
+
+def record_firing(session: Session, suite_id: int, now: datetime, trigger: str, fired: Fired) -> SuiteFiring:
+    """One row per firing; only the newest MAX_FIRINGS_KEPT of a suite are kept."""
+    outcome = "fired" if fired.experiment_id is not None else "skipped" if fired.skipped else "failed"
+    replaced = (f"replaced earlier firings: {fired.num_cancelled} runs cancelled or asked to stop"
+                if fired.num_cancelled else None)
+    reason = "; ".join(r for r in (replaced, fired.skipped or fired.error) if r) or None
+    row = SuiteFiring(suite_id=suite_id, fired_at=now, trigger=trigger, outcome=outcome,
+                      experiment_id=fired.experiment_id, num_runs=len(fired.run_ids),
+                      num_cancelled=fired.num_cancelled, reason=reason[:2000] if reason else None)
+    session.add(row)
+    session.flush()
+    oldest_kept = (sa.select(SuiteFiring.id).where(SuiteFiring.suite_id == suite_id)
+                   .order_by(SuiteFiring.id.desc()).offset(MAX_FIRINGS_KEPT - 1).limit(1).scalar_subquery())
+    session.execute(sa.delete(SuiteFiring).where(SuiteFiring.suite_id == suite_id, SuiteFiring.id < oldest_kept)
+                    .execution_options(synchronize_session=False))
+    return row
+
+
+def list_firings(session: Session, suite_id: int, limit: int = 50) -> list[SuiteFiring]:
+    stmt = (sa.select(SuiteFiring).where(SuiteFiring.suite_id == suite_id)
+            .order_by(SuiteFiring.id.desc()).limit(limit))
+    return list(session.scalars(stmt))
+
+
+def fire_suite(session: Session, suite: Suite, clusters: Mapping[str, Cluster], now: datetime,
+               trigger: str = "schedule") -> Fired:
+    """Create the suite's experiment (the caller already holds the claim, or this is a manual trigger) unless
+    the concurrency policy or the queued-run cap skips it; or record on the suite why it cannot expand. Every
+    outcome is recorded as a firing. The caller commits, then publishes the run ids."""
+    unfinished = unfinished_runs(session, suite.id)
+    num_cancelled = 0
+    if trigger == "schedule" and suite.concurrency_policy == "replace" and unfinished.total:
+        num_cancelled = cancel_unfinished(session, suite, now)
+        unfinished = Unfinished(0, 0, [])
+    skip = firing_skip_reason(suite, unfinished, trigger)
+    if skip is not None:
+        fired = Fired(suite.id, None, skipped=skip)
+        record_firing(session, suite.id, now, trigger, fired)
+        return fired
     try:
         if suite.cluster not in clusters:
             raise ValueError(f"cluster: {suite.cluster!r} is not configured; allowed: {', '.join(sorted(clusters))}")
@@ -189,8 +318,12 @@ def fire_suite(session: Session, suite: Suite, clusters: Mapping[str, Cluster], 
         record_fire_error(session, suite.id, None)
     except ValueError as exc:  # unknown cluster, a matrix with no valid point, an outdated template
         record_fire_error(session, suite.id, str(exc)[:2000])
-        return Fired(suite.id, None, error=str(exc))
-    return Fired(suite.id, exp.id, run_ids)
+        fired = Fired(suite.id, None, error=str(exc), num_cancelled=num_cancelled)
+        record_firing(session, suite.id, now, trigger, fired)
+        return fired
+    fired = Fired(suite.id, exp.id, run_ids, num_cancelled=num_cancelled)
+    record_firing(session, suite.id, now, trigger, fired)
+    return fired
 
 
 def metric_configs(suite: Suite) -> dict[str, Any]:

@@ -4,7 +4,9 @@ One tick (`nightly_tick`, every NIGHTLY_TICK_S):
 1. fire_due_suites: suites whose next_fire_at has come, read from the database each tick (a new or changed
    suite takes effect without a restart). Each is claimed with a compare-and-set on next_fire_at (see
    db/suites.py) in the same transaction that creates its experiment through the normal path (expand,
-   store); the runs are published after the commit. Two beat processes fire a suite once.
+   store); the runs are published after the commit. Two beat processes fire a suite once. The suite's
+   concurrency policy (skip, queue, replace) and its queued-run cap decide whether a firing whose earlier
+   firings have unfinished runs creates an experiment; a skipped firing is recorded with its reason.
 2. evaluate_finished: suite experiments whose runs have all ended and that were not checked yet
    (detection runs here, from the beat, rather than from the worker that records the last run: a worker
    that dies, a run reaped as lost, or a cancelled run would otherwise leave a night unchecked).
@@ -44,6 +46,9 @@ def fire_and_publish(session: Session, celery: Celery | None, suite: Suite, clus
     """db.suites.fire_suite, commit, then publish its runs (a down broker leaves them to the dispatcher)."""
     fired = q.fire_suite(session, suite, clusters, now)
     session.commit()
+    if fired.skipped is not None:
+        log.warning("suite %d (%s) firing skipped: %s", suite.id, suite.name, fired.skipped)
+        return fired
     if fired.experiment_id is None:
         log.error("suite %d (%s) not fired: %s", suite.id, suite.name, fired.error)
         return fired

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
 
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
 from api.guard import GuardedRoute
-from api.nightly_schemas import SuiteCreate, SuiteRead, SuiteUpdate, TriggerRead
+from api.nightly_schemas import SuiteCreate, SuiteFiringRead, SuiteRead, SuiteUpdate, TriggerRead
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.matrix import MatrixError
 from db import suites as q
@@ -54,7 +54,8 @@ def create_suite(body: SuiteCreate, session: SessionDep, clusters: ClustersDep, 
         q.check_expands(body.spec, clusters[cluster_name])
         suite = q.create_suite(session, name=body.name, spec=body.spec, cluster=cluster_name,
                                schedule=body.schedule, enabled=body.enabled, thresholds=body.thresholds,
-                               baseline_nights=body.baseline_nights)
+                               baseline_nights=body.baseline_nights, concurrency_policy=body.concurrency_policy,
+                               max_queued_runs=body.max_queued_runs)
     except q.SuiteError as exc:
         raise _problem(exc) from exc
     except MatrixError as exc:
@@ -85,7 +86,7 @@ def get_suite(suite_id: SuiteId, session: SessionDep, _auth: ReadAuth) -> Any:
     "/{suite_id}",
     response_model=SuiteRead,
     responses=PROBLEM_RESPONSES,
-    summary="Enable, disable, reschedule, or change thresholds (next firing recomputed)",
+    summary="Enable, disable, reschedule, change thresholds or the concurrency policy (next firing recomputed)",
 )
 def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _auth: WriteAuth) -> Any:
     suite = _get_or_404(session, suite_id)
@@ -97,6 +98,8 @@ def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _aut
             schedule=body.schedule,
             thresholds=body.thresholds,
             baseline_nights=body.baseline_nights,
+            concurrency_policy=body.concurrency_policy,
+            max_queued_runs=body.max_queued_runs,
         )
     except q.SuiteError as exc:
         session.rollback()
@@ -105,12 +108,21 @@ def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _aut
     return suite_read(suite)
 
 
+@router.get("/{suite_id}/firings", response_model=list[SuiteFiringRead], responses=PROBLEM_RESPONSES,
+            summary="The suite's firings, newest first: the experiment each created, or why it was skipped or failed")
+def list_firings(suite_id: SuiteId, session: SessionDep, _auth: ReadAuth,
+                 limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> Any:
+    _get_or_404(session, suite_id)
+    return q.list_firings(session, suite_id, limit)
+
+
 @router.post(
     "/{suite_id}/trigger",
     status_code=201,
     response_model=TriggerRead,
     responses=PROBLEM_RESPONSES,
-    summary="Fire the suite now (its schedule is unchanged)",
+    summary="Fire the suite now (its schedule is unchanged; the concurrency policy does not apply, the queued-run "
+            "cap does: 409)",
 )
 def trigger_suite(
     suite_id: SuiteId,
@@ -121,8 +133,11 @@ def trigger_suite(
     response: Response,
 ) -> TriggerRead:
     suite = _get_or_404(session, suite_id)
-    fired = q.fire_suite(session, suite, clusters, utcnow())
+    fired = q.fire_suite(session, suite, clusters, utcnow(), trigger="manual")
     session.commit()
+    if fired.skipped is not None:  # the queued-run cap (a manual trigger ignores the concurrency policy)
+        raise ProblemError(409, f"the suite was not fired: {fired.skipped}",
+                           [FieldError(field="max_queued_runs", message=fired.skipped)])
     if fired.experiment_id is None:
         raise ProblemError(
             422,

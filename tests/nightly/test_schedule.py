@@ -25,7 +25,8 @@ def experiments(session):
 
 def test_fires_when_due_once_per_slot_and_follows_the_schedule(pg_session_factory, celery_app, queued_messages):
     with pg_session_factory() as s:
-        suite = make_suite(s, now=DAY1)  # default '0 2 * * *'
+        # default '0 2 * * *'; its runs never run here, so the policy that fires anyway (test_concurrency.py)
+        suite = make_suite(s, now=DAY1, concurrency_policy="queue")
         assert suite.next_fire_at == DAY1.replace(hour=2)
 
     assert fire_due_suites(pg_session_factory, celery_app, CLUSTERS, DAY1 + timedelta(minutes=59)) == []
