@@ -20,7 +20,8 @@ plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform a
 server=(fastapi==0.165.0 starlette==1.10.0 annotated-doc==0.0.7 uvicorn==0.55.0 sqlalchemy==2.1.9 greenlet==3.5.6
         alembic==1.20.1 mako==1.4.3 celery==5.7.0 kombu==5.7.0 billiard==4.3.2 vine==5.1.0 amqp==5.4.2
         click-didyoumean==0.3.1 click-plugins==1.1.1.2 click-repl==0.4.1 prompt-toolkit==3.0.53 wcwidth==0.9.4
-        redis==8.1.0 tzdata psycopg==3.3.9)
+        redis==8.1.0 tzdata psycopg==3.3.9 tzlocal==5.4.5 opentelemetry-api==1.45.2 python-dateutil==2.9.0.post0
+        typing-extensions==4.16.0 click==8.5.1)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${plat[@]}" -d "$dest" "${server[@]}"
 dups=$(ls "$dest" | sed -E 's/-[0-9][^-]*-.*\.whl$//' | tr 'A-Z-' 'a-z_' | sort | uniq -d)
