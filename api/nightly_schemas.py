@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.specs import ExperimentSpec
+from core.specs import ExperimentSpec, Text
 from db.models_nightly import (
     DEFAULT_CONCURRENCY_POLICY,
     DEFAULT_MAX_QUEUED_RUNS,
@@ -34,7 +34,7 @@ class _In(BaseModel):
 
 
 class SuiteCreate(_In):
-    name: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL_CHARS, description="Unique suite name.")
+    name: Text = Field(min_length=1, max_length=200, pattern=NO_CONTROL_CHARS, description="Unique suite name.")
     spec: ExperimentSpec = Field(description="The experiment template fired on every run of the schedule.")
     cluster: str | None = Field(None, min_length=1, max_length=100,
                                 description="Cluster to run on (default: the spec's cluster).")

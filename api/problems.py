@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.specs import LAYOUT_FORMS
 
@@ -224,10 +225,39 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, 500, f"internal error: {type(exc).__name__}")
 
 
+class UnexpectedErrors:
+    """Pure ASGI middleware: an exception no handler took becomes the 500 problem, and the keep-alive connection
+    stays usable. (A handler registered for Exception runs in Starlette's ServerErrorMiddleware, which raises the
+    exception again after answering; uvicorn then drops the connection, and the client's next request on it got
+    a TCP reset.) An exception after the response started cannot be answered: it propagates."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            response = await _on_unexpected(Request(scope), exc)
+            await response(scope, receive, send)
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(ProblemError, _on_problem)
     app.add_exception_handler(DataError, _on_data_error)
     app.add_exception_handler(OperationalError, _on_db_down)
-    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_middleware(UnexpectedErrors)

@@ -78,13 +78,28 @@ class _Strict(BaseModel):
 # ------------------------------------------------------------------------------------------- storable text
 
 
+# Bidirectional controls reorder what is shown (U+202E makes "exp-fp8\u202e61fb" display as "exp-fp8bf16"), and
+# these invisible characters make two names that look the same differ: neither belongs in a stored name.
+# (ZWJ and ZWNJ stay allowed: scripts and emoji need them.)
+_BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_HIDDEN_RE = re.compile(f"[{_BIDI_CONTROLS}\u200b\u2060-\u2064\ufeff]")
+
+
 def text_problem(value: str) -> str | None:
-    """Why `value` cannot be stored (PostgreSQL refuses NUL; UTF-8 cannot encode a lone surrogate), else None."""
+    """Why `value` cannot be stored (PostgreSQL refuses NUL; UTF-8 cannot encode a lone surrogate; a bidirectional
+    control or an invisible character makes one name display as another), else None."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return "contains an unpaired surrogate (not valid UTF-8)"
-    return "contains a NUL character" if "\x00" in value else None
+    if "\x00" in value:
+        return "contains a NUL character"
+    if hidden := _HIDDEN_RE.search(value):
+        ch = hidden.group()
+        if re.match(f"[{_BIDI_CONTROLS}]", ch):
+            return f"contains the bidirectional control U+{ord(ch):04X} (it can make one name display as another)"
+        return f"contains the invisible character U+{ord(ch):04X}"
+    return None
 
 
 def check_text(value: str) -> str:
@@ -313,7 +328,8 @@ class ExperimentSpec(_Strict):
         None, max_length=1000, description="Pre-tokenized uint16/uint32 token file on the cluster (default: synthetic)."
     )
     timeout_s: StrictInt = Field(3600, ge=10, le=7 * 24 * 3600, description="Wall-clock limit of one run.")
-    tags: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field([], max_length=32)
+    tags: list[Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text)]] = Field(
+        [], max_length=32)
 
     @field_validator("gpu_counts")
     @classmethod

@@ -102,6 +102,26 @@ def _replay(session: Session, exp: Experiment, request_hash: str, clusters: dict
         "dispatch_message": f"{len(undispatched)} runs not yet published; {BROKER_DOWN_NOTE}" if undispatched else None}
 
 
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+
+
+def _idempotency_key(raw: str | None) -> str | None:
+    """The header as the client wrote it: HTTP hands header bytes over as latin-1, so a UTF-8 key is decoded
+    again and counted in characters (not bytes)."""
+    if raw is None:
+        return None
+    try:
+        key = raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        key = None
+    if key is None or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        message = (f"must be UTF-8 text of at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"
+                   + (f" ({len(key)} were sent)" if key is not None else " (it is not valid UTF-8)"))
+        raise ProblemError(422, f"Idempotency-Key {message}", [FieldError(field="header.Idempotency-Key",
+                                                                          message=message)])
+    return key
+
+
 @router.post("", status_code=201, response_model=ExperimentCreated,
              responses={**WRITE_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
              summary="Create an experiment: expand the matrix into runs and enqueue them")
@@ -110,14 +130,15 @@ def create_experiment(
                                                                           "value": EXAMPLE}})],
     session: SessionDep, celery: CeleryDep, clusters: ClustersDep, _auth: WriteAuth, response: Response,
     idempotency_key: Annotated[str | None, Header(
-        alias="Idempotency-Key", min_length=1, max_length=200, pattern=NO_CONTROL_CHARS,
-        description="Repeat-safe creation: the same key and body return the same experiment; "
-                    "the same key with another body is a 409.")] = None,
+        alias="Idempotency-Key", min_length=1, max_length=4 * MAX_IDEMPOTENCY_KEY_CHARS, pattern=NO_CONTROL_CHARS,
+        description=f"Repeat-safe creation: the same key and body return the same experiment; the same key with "
+                    f"another body is a 409. UTF-8, at most {MAX_IDEMPOTENCY_KEY_CHARS} characters.")] = None,
 ) -> Any:
     """Expands engine x precision x layout x N x seed x repeat into runs (points that cannot exist are skipped, with
     reasons), stores the experiment and its runs, commits, then publishes one message per run on the
     cluster's queue. If the broker is down the response says `dispatched: false` and a background
     dispatcher publishes the runs later."""
+    idempotency_key = _idempotency_key(idempotency_key)
     cluster = _cluster(spec, clusters)
     request_hash = _request_hash(spec)
     if idempotency_key and (existing := q.find_by_idempotency_key(session, idempotency_key)):

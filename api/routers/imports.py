@@ -15,7 +15,16 @@ import sys
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from api.deps import ClustersDep, SessionDep, WriteAuth
 from api.guard import GuardedRoute
@@ -38,6 +47,7 @@ from core.specs import (
     Text,
     bad_values,
     check_layout,
+    check_text,
 )
 from db import experiments as q
 from db.imports import (
@@ -105,7 +115,8 @@ class ExperimentImport(BaseModel):
     compile: bool = False
     activation_checkpointing: Literal["none", "full"] = "none"
     fp8_all_gather: bool = False
-    tags: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field([], max_length=31)
+    tags: list[Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text)]] = Field(
+        [], max_length=31)
     points: list[ImportPoint] = Field(min_length=1, max_length=MAX_POINTS)
 
 
