@@ -78,6 +78,9 @@ class Stack:
     host: str = "127.0.0.1"
     port: int = 8000
     with_worker: bool = True
+    # Write <data dir>/token before the API answers /healthz (a client that waits for /healthz then reads the
+    # token file must find one); `up` checks it against the API afterwards (ensure_token).
+    with_token: bool = False
     reaper_interval_s: float = 5.0
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -86,6 +89,7 @@ class Stack:
     quick_deaths: dict[str, int] = field(default_factory=dict)  # deaths in a row soon after a start
     restart_at: dict[str, float] = field(default_factory=dict)  # monotonic s at which a dead child restarts
     restarts: dict[str, int] = field(default_factory=dict)
+    fresh_token: str | None = None  # created by start() before the API (with_token)
 
     def __post_init__(self) -> None:
         # Resolve the data dir once so that every child (API, worker, scheduler) shares one DB and broker.
@@ -127,6 +131,8 @@ class Stack:
         if problem := port_problem(self.host, self.port):
             raise RuntimeError(problem)
         self.migrate()
+        if self.with_token and not self.token_path.is_file():
+            self.fresh_token = self.create_token()
         py = sys.executable
         self._spawn("api", [py, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", self.host,
                             "--port", str(self.port), "--log-level", "warning"])
@@ -204,15 +210,19 @@ class Stack:
     def create_token(self, name: str = "scalebench-up") -> str:
         """A fresh API token, also saved (0600) as <data dir>/token for the CLI."""
         token = create_local_token(name, env=self.env)
-        self.token_path.touch(mode=0o600, exist_ok=True)
-        self.token_path.write_text(token + "\n")
+        partial = self.token_path.with_name(f".{self.token_path.name}.{os.getpid()}")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.replace(partial, self.token_path)  # a reader sees the old file or the whole new one, never a part
         return token
 
     def ensure_token(self, name: str = "scalebench-up") -> tuple[str, bool]:
         """(token, reused): the token saved in <data dir>/token when the API still accepts it, else a new one."""
         saved = self.token_path.read_text().strip() if self.token_path.is_file() else ""
         if saved and token_is_accepted(self.url, saved):
-            return saved, True
+            return saved, saved != self.fresh_token
         return self.create_token(name), False
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:

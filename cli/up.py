@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
         Children that die are restarted (with back-off); Ctrl-C / SIGTERM stops everything, requeueing a run
         in progress. The token saved in <data dir>/token is reused while the API accepts it."""
-        stack = Stack(host=host, port=port, with_worker=worker)
+        stack = Stack(host=host, port=port, with_worker=worker, with_token=token)
         try:
             stack.start()
         except (RuntimeError, OSError) as exc:
