@@ -88,13 +88,23 @@ def curve_reads(exp_id: int) -> list[str]:
     return [p.format(id=exp_id) for p in paths]
 
 
+@pytest.fixture
+def import_token(live_app) -> str:
+    """A token of its own: the schema fuzzer may have revoked live_app's (DELETE /tokens/{id})."""
+    engine = make_engine(TEST_DATABASE_URL)
+    with session_scope(make_session_factory(engine)) as s:
+        token, _ = create_token(s, "fuzz imports")
+    engine.dispose()
+    return token
+
+
 @given(body=extreme_imports)
 @settings(deadline=None, suppress_health_check=list(HealthCheck), max_examples=MAX_EXAMPLES, derandomize=True,
           database=None)
-def test_extreme_imports_read_back_on_every_curve_endpoint(body, live_app):
+def test_extreme_imports_read_back_on_every_curve_endpoint(body, import_token):
     """Throughput from the subnormals to the float maximum at three GPU counts: the import answers 201 or 422,
     and every curve read of what it stored answers without a 5xx."""
-    client = TestClient(APP, headers={"Authorization": f"Bearer {live_app}"})  # live_app entered the lifespan
+    client = TestClient(APP, headers={"Authorization": f"Bearer {import_token}"})  # live_app entered the lifespan
     r = client.post("/experiments/import", json=body)
     assert r.status_code in (201, 422), r.text[:500]
     if r.status_code == 422:
