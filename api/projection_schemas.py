@@ -51,7 +51,7 @@ def parse_tokens(raw: str) -> float:
                         ["a positive number, optionally with K, M, B, T or P: 1T, 500B, 1e12"]) from exc
 
 
-CSV_SERIES_COLUMNS = ("model", "num_layers", "precision", "layout", "scaling", "cluster")
+CSV_SERIES_COLUMNS = ("engine", "model", "num_layers", "precision", "layout", "scaling", "cluster")
 CSV_POINT_COLUMNS = tuple(k for k in ProjectedPoint.model_fields if k != "beyond_cluster") + ("beyond_cluster",)
 
 
