@@ -301,6 +301,7 @@ class LossCurve:
     losses: list[float]
     source: str = "store"  # store: the curve stored when the run was recorded; steps: thinned from step rows
     stored_stride: int = 1  # the stored curve keeps every stored_stride-th step (1: all of them)
+    engine: str = "scalebench"
 
 
 def _stride(n: int, max_points: int) -> int:
@@ -348,16 +349,19 @@ def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, 
 
 
 def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row]:
-    """One succeeded run per (cluster, precision, layout, N): the lowest repeat (then the lowest id)."""
-    rank = sa.func.row_number().over(partition_by=(Run.cluster, Run.precision, Run.layout, Run.num_devices),
-                                     order_by=(Run.repeat, Run.id)).label("rank")
+    """One succeeded run per (engine, cluster, precision, layout, N): the lowest seed and repeat (then the lowest
+    id)."""
+    rank = sa.func.row_number().over(
+        partition_by=(Run.engine, Run.cluster, Run.precision, Run.layout, Run.num_devices),
+        order_by=(Run.seed, Run.repeat, Run.id)).label("rank")
     where = [Run.experiment_id == experiment_id, Run.status == "succeeded"]
     if num_devices is not None:
         where.append(Run.num_devices == num_devices)
-    ranked = sa.select(Run.id, Run.cluster, Run.precision, Run.layout, Run.num_devices, Run.repeat, rank).where(
-        *where).subquery()
+    ranked = sa.select(Run.id, Run.engine, Run.cluster, Run.precision, Run.layout, Run.num_devices, Run.repeat,
+                       rank).where(*where).subquery()
     rows = session.execute(sa.select(ranked).where(ranked.c.rank == 1)).all()
-    return sorted(rows, key=lambda r: (r.cluster, r.layout, r.num_devices, r.precision))
+    return sorted(rows, key=lambda r: (r.engine != "scalebench", r.engine, r.cluster, r.layout, r.num_devices,
+                                       r.precision))
 
 
 def _thinned_steps(session: Session, run_ids: list[int], max_points: int) -> dict[int, tuple[int, list, list]]:
@@ -392,7 +396,7 @@ def _thinned_steps(session: Session, run_ids: list[int], max_points: int) -> dic
 def loss_curves(
     session: Session, experiment_id: int, *, max_points: int = 200, num_devices: int | None = None
 ) -> list[LossCurve]:
-    """Loss curves for the fp8-vs-bf16 chart: one run per (cluster, precision, layout, N), each thinned to
+    """Loss curves for the fp8-vs-bf16 chart: one run per (engine, cluster, precision, layout, N), each thinned to
     at most max_points points (first and last step kept; DOWNSAMPLING). Runs without step losses give no
     curve. Stored curves are read as they are; runs without one (imported) are thinned from their steps."""
     assert max_points >= 2
@@ -406,7 +410,7 @@ def loss_curves(
     out = []
     for r in runs:
         where = dict(run_id=r.id, cluster=r.cluster, precision=r.precision, layout=r.layout,
-                     num_devices=r.num_devices, repeat=r.repeat)
+                     num_devices=r.num_devices, repeat=r.repeat, engine=r.engine)
         if (c := stored.get(r.id)) is not None:
             out.append(LossCurve(**where, num_steps=c.num_steps, steps=_thin(_unpacked("q", c.steps_i64), max_points),
                                  losses=_thin(_unpacked("d", c.losses_f64), max_points), stored_stride=c.stride))

@@ -210,7 +210,8 @@ function drawLosses(losses, n) {
   const curves = losses ? losses.curves.filter((c) => c.num_devices === n) : [];
   if (!curves.length) return SB.emptyChart(el, "no loss curve yet");
   const layouts = [...new Set(curves.map((c) => c.layout))].sort();
-  const datasets = curves.map((c, i) => ({ label: `${c.precision} · ${c.layout}${c.repeat ? ` (repeat ${c.repeat})` : ""}`,
+  const multiEngine = new Set(curves.map((c) => c.engine || "scalebench")).size > 1;
+  const datasets = curves.map((c, i) => ({ label: `${multiEngine ? `${c.engine} · ` : ""}${c.precision} · ${c.layout}${c.repeat ? ` (repeat ${c.repeat})` : ""}`,
     data: c.steps.map((s, j) => ({ x: s, y: c.losses[j] })), borderColor: SB.colorOf(c.precision, i),
     backgroundColor: SB.colorOf(c.precision, i), borderDash: SB.LAYOUT_DASHES[layouts.indexOf(c.layout) % 4],
     pointRadius: 0, borderWidth: 1.6, _count: true }));
