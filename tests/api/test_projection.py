@@ -96,7 +96,8 @@ def test_projection_csv_and_etag(api) -> None:
     r = api.get(f"/experiments/{exp}/projection?cluster=grand-teton-h100&gpu_counts=64&format=csv")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     header, *rows = r.text.strip().split("\n")
-    assert header.startswith("engine,model,num_layers,precision,layout,scaling,cluster,num_devices,status,tokens_per_sec")
+    assert header.startswith("engine,model,num_layers,precision,layout,scaling,cluster,num_devices,status,"
+                             "tokens_per_sec")
     assert [row.split(",")[7] for row in rows] == ["8", "64", "128"] and all(",projected," in row for row in rows)
     again = api.get(f"/experiments/{exp}/projection?cluster=grand-teton-h100&gpu_counts=64&format=csv",
                     headers={"If-None-Match": r.headers["ETag"]})

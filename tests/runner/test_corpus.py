@@ -14,8 +14,9 @@ from tests.runner.conftest import make_spec
 
 pytest.importorskip("tokenizers")
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches and "
-         "every sentence of this small corpus repeats words so that pairs of bytes merge").split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
+         "quietly", "judge", "boxing", "matches", "and", "every", "sentence", "of", "this", "small", "corpus",
+         "repeats", "words", "so", "that", "pairs", "of", "bytes", "merge"]
 
 
 @pytest.fixture(scope="module")
