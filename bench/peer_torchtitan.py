@@ -456,7 +456,8 @@ def table(records: list[dict], args, elapsed_s: float) -> str:
              f"{'recipe':<22} {'titan tok/s':>11} {'ours tok/s':>10} {'ours/titan':>10} {'MFU titan':>9} "
              f"{'MFU ours':>8} {'x bf16 T':>8} {'x bf16 O':>8} {'GiB titan':>9} {'GiB ours':>8} "
              f"{'fp8 lin T/O':>11} {'loss50 O':>8} {'gap O':>7}"]
-    keys = [(r["recipe"], r.get("variant", "")) for r in records if r["system"] == "ours"]
+    # a row per recipe (and variant) of either system: --systems titan (or ours) alone still gets its rows
+    keys = [(r["recipe"], r.get("variant", "") if r["system"] == "ours" else "") for r in records]
     keys = list(dict.fromkeys(keys))
     for recipe, variant in keys:
         t, o = get("titan", recipe) if not variant else {}, get("ours", recipe, variant)
