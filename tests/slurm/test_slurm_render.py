@@ -213,3 +213,19 @@ def test_submit_env_drops_the_worker_secrets():
            "DATABASE_URL": "x", "HF_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s", "NCCL_DEBUG": "INFO",
            "SLURM_CONF": "/etc/slurm/slurm.conf"}
     assert slurm.submit_env(env) == {"PATH": "/usr/bin", "NCCL_DEBUG": "INFO", "SLURM_CONF": "/etc/slurm/slurm.conf"}
+
+
+def test_a_program_that_starts_its_own_ranks_runs_once_per_node(tmp_path):
+    """The engine decides the program; the launcher only knows 'under torchrun' or 'once per node'."""
+    from core.engines import CommandEngine
+
+    own = CommandEngine(argv=["train", "{nnodes}"], metrics="jsonl", precisions=["bf16"])
+    c = _cluster().model_copy(update={"engines": {"own": own}})
+    exp = ExperimentSpec(name="t", model="debug", cluster=c.name, gpu_counts=[16], precisions=["bf16"],
+                         engines=["scalebench", "command:own"], seq_len=64, steps=4, warmup_steps=1)
+    ours, theirs = expand(exp, c)[0]
+    script = slurm.render_script(c, ours, "r1", tmp_path, python="/p/python", env={})
+    assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=8" in script and "-m runner --spec" in script
+    script = slurm.render_script(c, theirs, "r2", tmp_path, python="/p/python", env={})
+    assert "srun --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 /p/python -m runner.command --spec" in script
+    assert "torch.distributed.run" not in script and 'SCALEBENCH_MASTER_ADDR="$head_node"' in script
