@@ -166,16 +166,11 @@ class SpeedupPoint(_Out):
     loss_numerics: LossVerdict | None = None
 
 
-class EngineRatioPoint(_Out):
-    """R(N) = X_engine(N) / X_scalebench(N) at the same model, precision, layout, scaling, cluster and N."""
+class EngineRatioPoint(SeriesKey):
+    """R(N) = X_engine(N) / X_scalebench(N) at the same model, precision, layout, scaling, cluster and N; the key
+    is the other engine's series."""
 
     engine: str  # the other engine: torchtitan, command:<name>
-    model: str
-    num_layers: int
-    precision: str
-    layout: str
-    scaling: str
-    cluster: str
     num_devices: int
     tokens_per_sec: float  # the engine's X(N)
     scalebench_tokens_per_sec: float
@@ -453,10 +448,8 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPo
             ref = ours.get(_point_key(k.model_copy(update={"engine": "scalebench"}), p["num_devices"]))
             ratio = _finite(x / ref) if x and ref else None
             if ratio is not None:
-                out.append(EngineRatioPoint(
-                    engine=k.engine, model=k.model, num_layers=k.num_layers, precision=k.precision, layout=k.layout,
-                    scaling=k.scaling, cluster=k.cluster, num_devices=p["num_devices"], tokens_per_sec=x,
-                    scalebench_tokens_per_sec=ref, ratio=ratio))
+                out.append(EngineRatioPoint(**k.model_dump(), num_devices=p["num_devices"], tokens_per_sec=x,
+                                            scalebench_tokens_per_sec=ref, ratio=ratio))
     return out
 
 
