@@ -132,3 +132,35 @@ def _job_processes(run_dir: Path) -> list[int]:
             return []
         time.sleep(0.5)
     return pids
+
+
+def test_a_command_engine_runs_once_per_node_under_slurm(slurm_up, tmp_path):
+    """engine command:own-stack through the same Slurm launcher: `python -m runner.command` once per node (srun),
+    which starts the operator's torchrun; its Megatron-style log is read into the result."""
+    import sys
+
+    from core.engines import CommandEngine
+    from core.matrix import expand
+    from core.specs import ExperimentSpec
+
+    own = CommandEngine(
+        argv=[sys.executable, "-m", "torch.distributed.run", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
+              "--master-addr", "{master_addr}", "--master-port", "{master_port}", "--nproc-per-node",
+              "{nproc_per_node}", "{code_dir}/examples/own-stack/train.py", "--seq-length", "{seq_len}",
+              "--train-iters", "{steps}"],
+        metrics="megatron-log", precisions=["fp32"])
+    cluster = CLUSTER.model_copy(update={"engines": {"own-stack": own}})
+    exp = ExperimentSpec(name="t", model="debug", cluster=cluster.name, gpu_counts=[2], precisions=["fp32"],
+                         engines=["command:own-stack"], seq_len=32, steps=5, warmup_steps=1)
+    spec = expand(exp, cluster)[0][0]
+    launcher = SlurmLauncher(cluster, query_interval_s=1.0)
+    run_dir = tmp_path / "cmd"
+    handle = launcher.start(spec, "cmd", run_dir)
+    out = wait_until(launcher, handle, set(), timeout_s=120)
+    log = (run_dir / "log.txt").read_text()
+    assert out.state == "succeeded", f"{out.error_kind}: {out.message}\n{log[-3000:]}"
+    script = (run_dir / "job.sbatch").read_text()
+    assert "SCALEBENCH_MASTER_ADDR" in script and "-m runner.command" in script
+    assert "torch.distributed.run" not in script  # the command starts its own ranks
+    assert out.result.summary.step_time_source == "the command's own figures (log:megatron)"
+    assert out.result.summary.num_timed_steps == 4 and "elapsed time per iteration" in log
