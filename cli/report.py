@@ -87,8 +87,8 @@ def engine_ratio_table(report: ScalingReport) -> Table:
 def speedup_table(report: ScalingReport) -> Table:
     table = Table(title="fp8 speedup S(N) = X_fp8(N) / X_bf16(N)", title_justify="left",
                   caption="fp8 loss vs bf16: gap of the mean loss over the last min(50, steps/4) steps (held-out loss "
-                          "when evaluated) ± its noise band (steps and seeds); tracks: within 1% and the band; "
-                          "differs: outside both", caption_justify="left")
+                          "when evaluated) ± its noise band (steps and seeds); tracks: gap within 1% with a band "
+                          "narrower than 1%; differs: gap beyond 1% and the band", caption_justify="left")
     for col in ("fp8 recipe", "layout", "N", "fp8 tok/s", "bf16 tok/s", "speedup", "fp8 loss vs bf16"):
         table.add_column(col, justify="left" if col in ("fp8 recipe", "layout", "fp8 loss vs bf16") else "right")
     for sp in report.speedups:
