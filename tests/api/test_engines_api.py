@@ -82,3 +82,11 @@ def test_steps_below_the_default_warmup_is_a_422_naming_warmup_steps(client) -> 
     assert r.status_code == 422 and _fields(r) == ["warmup_steps"]
     assert "warmup_steps(5) (the default) must be below steps(4)" in r.text
     assert client.post("/experiments", json=body | {"warmup_steps": 3}).status_code == 201
+
+
+def test_openapi_documents_the_engine_forms(client) -> None:
+    spec = client.get("/openapi.json").json()["components"]["schemas"]["ExperimentSpec"]["properties"]
+    text = spec["engines"]["description"]
+    assert spec["engines"]["default"] == ["scalebench"]
+    assert all(form in text for form in ("scalebench", "torchtitan", "command:<name>", "never carries a command"))
+    assert "seeds" in spec and "vocab_size" in spec and "lr_schedule" in spec
