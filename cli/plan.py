@@ -27,9 +27,15 @@ def _hours(h: float) -> str:
     return f"{h / 24:,.1f} d" if h >= 48 else f"{h:,.1f} h"
 
 
+def _precision(o: dict[str, Any]) -> str:
+    """The precision, after the engine when it is not this service's runner (e.g. `torchtitan fp8-rowwise`)."""
+    engine = o.get("engine", "scalebench")
+    return o["precision"] if engine == "scalebench" else f"{engine} {o['precision']}"
+
+
 def _row(o: dict[str, Any], with_cost: bool) -> list[str]:
     eff = "-" if o["efficiency"] is None else f"{o['efficiency']:.1%}"
-    cells = [str(o["num_devices"]), o["precision"], o["layout"], o["source"], f"{o['tokens_per_sec']:,.0f}", eff,
+    cells = [str(o["num_devices"]), _precision(o), o["layout"], o["source"], f"{o['tokens_per_sec']:,.0f}", eff,
              _hours(o["time_to_train_hours"]), f"{o['gpu_hours']:,.0f}"]
     return cells + ([f"{o['cost']:,.0f}"] if with_cost else [])
 
@@ -54,7 +60,7 @@ def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
     for label, key in (("fastest within the cap", "fastest"), (f"cheapest with {floor}", "cheapest_efficient"),
                        (f"fastest with {floor}", "fastest_efficient")):
         o = plan[key]
-        text = "none" if o is None else (f"N={o['num_devices']} {o['precision']} {o['layout']} ({o['source']}): "
+        text = "none" if o is None else (f"N={o['num_devices']} {_precision(o)} {o['layout']} ({o['source']}): "
                                          f"{_hours(o['time_to_train_hours'])}, {o['gpu_hours']:,.0f} GPU-hours")
         console.print(f"{label}: {text}", highlight=False)
     for note in plan["notes"]:

@@ -1,5 +1,5 @@
-"""A training plan for a token budget (pure): for every precision x layout and device count N, the time to train
-and the GPU-hours, from measured X(N) where the point was measured and from the projection elsewhere.
+"""A training plan for a token budget (pure): for every engine x precision x layout and device count N, the time to
+train and the GPU-hours, from measured X(N) where the point was measured and from the projection elsewhere.
 
 time_to_train = tokens / X(N); GPU-hours = N x time_to_train. Answers:
 - best per N: the fastest option at that N;
@@ -27,6 +27,7 @@ class _Out(BaseModel):
 
 
 class PlanOption(_Out):
+    engine: str = "scalebench"
     precision: str
     layout: str
     num_devices: int
@@ -70,10 +71,10 @@ def plan_counts(measured_counts: Iterable[int], max_gpus: int) -> list[int]:
     return sorted(counts)
 
 
-def _option(precision: str, layout: str, n: int, source: str, x: float, eff: float | None, tokens: float,
-            gpu_hour_cost: float | None) -> PlanOption:
+def _option(engine: str, precision: str, layout: str, n: int, source: str, x: float, eff: float | None,
+            tokens: float, gpu_hour_cost: float | None) -> PlanOption:
     hours = tokens / x / 3600
-    return PlanOption(precision=precision, layout=layout, num_devices=n, source=source, tokens_per_sec=x,
+    return PlanOption(engine=engine, precision=precision, layout=layout, num_devices=n, source=source, tokens_per_sec=x,
                       tokens_per_sec_per_device=x / n, efficiency=eff, time_to_train_hours=hours,
                       gpu_hours=hours * n, cost=hours * n * gpu_hour_cost if gpu_hour_cost is not None else None)
 
@@ -82,10 +83,10 @@ def build_plan(measured: ScalingReport, projected: ProjectionReport, *, tokens: 
                min_efficiency: float = DEFAULT_MIN_EFFICIENCY, gpu_hour_cost: float | None = None) -> Plan:
     counts = [n for n in projected.gpu_counts if n <= max_gpus]
     options: list[PlanOption] = []
-    meas = {(s.key.precision, s.key.layout): {p.num_devices: p for p in s.points if p.tokens_per_sec}
+    meas = {(s.key.engine, s.key.precision, s.key.layout): {p.num_devices: p for p in s.points if p.tokens_per_sec}
             for s in measured.series}
     for s in projected.series:
-        k = (s.key.precision, s.key.layout)
+        k = (s.key.engine, s.key.precision, s.key.layout)
         for p in s.points:
             if p.num_devices not in counts:
                 continue
