@@ -27,25 +27,47 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Constants of the model fitted to published scaling results (bench/published/, 16 series, 4 sources), by
+# bench/projection_validation.py (bench/results/2026-12-04-projection-validation.md): a grid search minimising the
+# mean absolute miss of E(N) projected from each series' smallest N. Out of sample (leave one source out) both
+# terms lower the miss (1.42 pp mean with both, 2.14 without the collective share, 2.19 without the straggler
+# term), so both stay. Too few AMD series (one) to fit AMD apart: the same values serve both vendors.
+# - COLLECTIVE_UNITS: compute units a running collective effectively takes from overlapped compute. NCCL's
+#   all-gather launches 24 blocks on an H100 (an Nsight trace, NVIDIA developer forum "Compute-Communication
+#   Overlap Causes Severe GEMM Performance Degradation because of Tail Effect"); the fit gives 64 of 132 SMs: the
+#   slow-down of overlapped compute is larger than the SMs NCCL holds (memory-bandwidth contention, GEMM tail
+#   effects), and this constant carries all of it. collective_sm_fraction = COLLECTIVE_UNITS / the SMs or CUs.
+# - LINK_EFFICIENCY: achieved / nominal bus bandwidth, intra- and inter-node; fitted at the bound 1.0.
+# - DEVICE_SPEED_CV: device-to-device speed spread; 0.012 (Sinha et al., SC22, 8% range read as ~6.8 sigma)
+#   is also the fitted value.
+COLLECTIVE_UNITS = 64.0
+LINK_EFFICIENCY = 1.0
+DEVICE_SPEED_CV = 0.012
+# SMs (NVIDIA) / CUs (AMD) per device, vendor datasheets.
+COMPUTE_UNITS = {"h100-hgx": 132, "h200-hgx": 132, "b200-hgx": 148, "mi300x-platform": 304,
+                 "mi325x-platform": 304, "mi355x-platform": 256}
 # Node platforms: per-GPU intra-node bandwidth per direction (GB/s), from the vendors' datasheets, and the share of
-# compute units a running collective holds: NCCL's all-gather on an H100 launches 24 blocks on its 132 SMs (an
-# Nsight trace, NVIDIA developer forum "Compute-Communication Overlap Causes Severe GEMM Performance Degradation
-# because of Tail Effect"); for the others the same 24 blocks are assumed against their SM/CU count
-# (B200 148 SMs, MI300X/MI325X 304 CUs, MI355X 256 CUs).
+# compute units a running collective takes (COLLECTIVE_UNITS of the device's SMs or CUs).
 PLATFORMS: dict[str, dict[str, Any]] = {
     # NVIDIA H100 SXM / HGX H100: NVLink 4, 18 links, 900 GB/s bidirectional per GPU through NVSwitch.
-    "h100-hgx": {"intra_node_gb_per_s": 450.0, "collective_sm_fraction": 24 / 132},
+    "h100-hgx": {"intra_node_gb_per_s": 450.0,
+                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["h100-hgx"]},
     # NVIDIA H200 SXM / HGX H200: the same NVLink 4 / NVSwitch fabric, 900 GB/s bidirectional per GPU.
-    "h200-hgx": {"intra_node_gb_per_s": 450.0, "collective_sm_fraction": 24 / 132},
+    "h200-hgx": {"intra_node_gb_per_s": 450.0,
+                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["h200-hgx"]},
     # NVIDIA HGX B200: NVLink 5, 1.8 TB/s bidirectional per GPU through NVSwitch.
-    "b200-hgx": {"intra_node_gb_per_s": 900.0, "collective_sm_fraction": 24 / 148},
+    "b200-hgx": {"intra_node_gb_per_s": 900.0,
+                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["b200-hgx"]},
     # AMD Instinct MI300X platform: 7 Infinity Fabric (xGMI) links per GPU, one to each peer (no switch),
     # 128 GB/s bidirectional each (896 GB/s aggregate): 7 x 64 GB/s per direction when every link is busy.
-    "mi300x-platform": {"intra_node_gb_per_s": 448.0, "collective_sm_fraction": 24 / 304},
+    "mi300x-platform": {"intra_node_gb_per_s": 448.0,
+                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["mi300x-platform"]},
     # AMD Instinct MI325X platform: the same Infinity Fabric as MI300X (896 GB/s aggregate).
-    "mi325x-platform": {"intra_node_gb_per_s": 448.0, "collective_sm_fraction": 24 / 304},
+    "mi325x-platform": {"intra_node_gb_per_s": 448.0,
+                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["mi325x-platform"]},
     # AMD Instinct MI355X platform: 7 Infinity Fabric links of 153.6 GB/s bidirectional (1075 GB/s aggregate).
-    "mi355x-platform": {"intra_node_gb_per_s": 537.6, "collective_sm_fraction": 24 / 256},
+    "mi355x-platform": {"intra_node_gb_per_s": 537.6,
+                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["mi355x-platform"]},
 }
 # Device name substring (lower case) -> platform, for clusters that describe no network.
 PLATFORM_OF_DEVICE = (("h200", "h200-hgx"), ("h100", "h100-hgx"), ("b200", "b200-hgx"), ("mi355", "mi355x-platform"),
@@ -77,14 +99,18 @@ class Network(BaseModel):
     nics_per_gpu: float = Field(1.0, gt=0, description="NICs per GPU (0.5: one NIC shared by two GPUs).")
     inter_node_latency_us: float = Field(NCCL_RING_NET_STEP_US, ge=0, description="Per ring step across nodes.")
     call_latency_us: float = Field(NCCL_BASE_LATENCY_US, ge=0, description="Fixed cost of one collective call.")
-    intra_node_efficiency: float = Field(0.8, gt=0, le=1, description="Achieved / nominal bus bandwidth, intra.")
-    inter_node_efficiency: float = Field(0.8, gt=0, le=1, description="Achieved / nominal bus bandwidth, inter.")
+    intra_node_efficiency: float = Field(LINK_EFFICIENCY, gt=0, le=1,
+                                         description="Achieved / nominal bus bandwidth, intra.")
+    inter_node_efficiency: float = Field(LINK_EFFICIENCY, gt=0, le=1,
+                                         description="Achieved / nominal bus bandwidth, inter.")
     collective_sm_fraction: float = Field(
-        0.18, ge=0, lt=1, description="Share of the device's compute units a running collective occupies: compute "
-                                      "overlapped with communication runs this much slower.")
+        COLLECTIVE_UNITS / COMPUTE_UNITS["h100-hgx"], ge=0, lt=1,
+        description="Share of the device's compute units a running collective occupies: compute overlapped with "
+                    "communication runs this much slower.")
     device_speed_cv: float = Field(
-        0.012, ge=0, lt=0.5, description="Spread (std / mean) of device speed across same-SKU devices; a step waits "
-                                         "for the slowest of the N devices.")
+        DEVICE_SPEED_CV, ge=0, lt=0.5,
+        description="Spread (std / mean) of device speed across same-SKU devices; a step waits for the slowest of "
+                    "the N devices.")
 
     @model_validator(mode="before")
     @classmethod

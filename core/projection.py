@@ -170,6 +170,17 @@ class _Model:
         return self.w.tokens_per_step(n) / self.parts(n).step_ms * 1e3
 
 
+def projected_efficiency(w: Workload, net: Network, gpus_per_node: int, n0: int, tokens_per_sec_n0: float,
+                         counts: Sequence[int]) -> dict[int, float]:
+    """E(N) = X(N) / (X(N0) N / N0) projected from the one measured X(N0) (global tokens/s), without a breakdown:
+    the path project_series takes, without building its report (bench/projection_validation.py calls it
+    thousands of times)."""
+    step0_ms = w.tokens_per_step(n0) / tokens_per_sec_n0 * 1e3
+    model = _Model(w, net, gpus_per_node, n0, step0_ms, None)
+    x0 = model.tokens_per_sec(n0)
+    return {n: model.tokens_per_sec(n) / (x0 * n / n0) for n in counts if _fits(w, n)}
+
+
 def compute_ms_scale(w: Workload, n0: int, n: int) -> float:
     """Per-device compute at N relative to N0: 1 for weak scaling, tokens per device ratio for strong."""
     return (w.sequences_per_dp_rank(n) / w.sequences_per_dp_rank(n0)) if w.scaling == "strong" else 1.0

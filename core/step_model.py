@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from core.network import Cost, Group, Network, all_gather, all_reduce, reduce_scatter
-from core.shapes import get_shape
+from core.shapes import ModelShape, get_shape
 from core.specs import ParallelDegrees, resolve_layout
 
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (the runner's and torchtitan's default MixedPrecisionPolicy)
@@ -54,6 +54,10 @@ class Workload:
     global_batch_size: int | None = None
     fp8_all_gather: bool = False
     activation_checkpointing: str = "none"
+    shape: ModelShape | None = None  # a shape outside core.shapes' table (published results of other models)
+
+    def model_shape(self) -> ModelShape:
+        return self.shape if self.shape is not None else _shape(self.model, self.num_layers)
 
     def degrees(self, n: int) -> ParallelDegrees:
         return _degrees(self.layout, n)
@@ -86,7 +90,7 @@ class UnitBytes:
 
 @lru_cache(maxsize=4096)
 def unit_bytes(w: Workload, n: int) -> UnitBytes:
-    s = _shape(w.model, w.num_layers)
+    s = w.model_shape()
     d, kv = s.dim, s.num_kv_heads * s.head_dim
     linear = 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden_dim  # wq, wo, wk, wv, w1, w2, w3
     norms = 2 * d
@@ -163,7 +167,7 @@ def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collec
 
 
 def _tp_block_ms(w: Workload, net: Network, n: int, tp: Group) -> float:
-    s = _shape(w.model, w.num_layers)
+    s = w.model_shape()
     activation = w.sequences_per_dp_rank(n) * w.seq_len * s.dim  # elements of one full activation
     gather_bytes = 1 if w.precision == "fp8-tensorwise" else (4 if w.precision == "fp32" else 2)
     act_bytes = 4 if w.precision == "fp32" else 2
@@ -208,7 +212,7 @@ def step_time(w: Workload, net: Network, n: int, gpus_per_node: int, compute_ms:
     c = collectives(w, net, n, gpus_per_node)
     straggle = 1 + net.device_speed_cv * expected_max_normal(n)
     work = compute_ms * straggle
-    num_layers = _shape(w.model, w.num_layers).num_layers
+    num_layers = w.model_shape().num_layers
     root_ms = work * unit_bytes(w, n).root_flops_share
     fwd_share = 0.25 if w.activation_checkpointing == "full" else FWD_SHARE  # recompute runs in backward
     wf = (work - root_ms) * fwd_share / num_layers
