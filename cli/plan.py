@@ -33,10 +33,35 @@ def _precision(o: dict[str, Any]) -> str:
     return o["precision"] if engine == "scalebench" else f"{engine} {o['precision']}"
 
 
+def _span(low: float | None, high: float | None, fmt) -> str:
+    """'low-high' of a projected option's 80% interval ('2.7-3.2 d': a shared unit once); '-' when the server sent
+    none (a measured point: its bounds are its value)."""
+    if low is None or high is None or low == high:
+        return "-"
+    a, b = fmt(low), fmt(high)
+    unit_a, unit_b = a.rpartition(" ")[2], b.rpartition(" ")[2]
+    if " " in a and unit_a == unit_b:
+        return f"{a.rpartition(' ')[0]}-{b}"
+    if a.endswith("%") and b.endswith("%"):
+        return f"{a[:-1]}-{b}"
+    return f"{a}-{b}"
+
+
+def _mark(o: dict[str, Any]) -> str:
+    """A dagger after E(N) when the server explains the point (E above 100%, beyond the validated N)."""
+    return " †" if o.get("note") else ""
+
+
 def _row(o: dict[str, Any], with_cost: bool) -> list[str]:
     eff = "-" if o["efficiency"] is None else f"{o['efficiency']:.1%}"
+    lo, hi = o.get("efficiency_low"), o.get("efficiency_high")
+    if eff != "-" and lo is not None and hi is not None and lo != hi:  # the 80% interval, +- (clipped at 0 below)
+        eff = f"{o['efficiency']:.1%} ±{100 * (hi - o['efficiency']):.1f}"
+    eff += _mark(o)
     cells = [str(o["num_devices"]), _precision(o), o["layout"], o["source"], f"{o['tokens_per_sec']:,.0f}", eff,
-             _hours(o["time_to_train_hours"]), f"{o['gpu_hours']:,.0f}"]
+             _hours(o["time_to_train_hours"]),
+             _span(o.get("time_to_train_hours_low"), o.get("time_to_train_hours_high"), _hours),
+             f"{o['gpu_hours']:,.0f}", _span(o.get("gpu_hours_low"), o.get("gpu_hours_high"), lambda v: f"{v:,.0f}")]
     return cells + ([f"{o['cost']:,.0f}"] if with_cost else [])
 
 
@@ -45,23 +70,36 @@ def plan_table(plan: dict[str, Any], every_option: bool = False) -> Table:
     table = Table(title=f"Plan: {plan['tokens']:.3g} tokens, at most {plan['max_gpus']} GPUs", title_justify="left",
                   caption="source: measured where the point was measured, else projected on "
                           f"{plan['network']['cluster']} ({plan['network']['source']})", caption_justify="left")
-    for col in ("N", "precision", "layout", "source", "X tok/s", "E(N)", "time", "GPU-hours") + (
-            ("cost",) if with_cost else ()):
-        table.add_column(col, justify="left" if col in ("precision", "layout", "source") else "right")
+    for col in ("N", "precision", "layout", "source", "X tok/s", "E(N) ±80%", "time", "time 80%", "GPU-hours",
+                "GPU-h 80%") + (("cost",) if with_cost else ()):
+        text_col = col in ("precision", "layout", "source")
+        table.add_column(col, justify="left" if text_col else "right", no_wrap=not text_col)
     for row in plan["rows"]:
         for o in row["options"] if every_option else [row["best"]] if row["best"] else []:
             table.add_row(*_row(o, with_cost))
     return table
 
 
+def _shown(plan: dict[str, Any], every_option: bool) -> list[dict[str, Any]]:
+    return [o for row in plan["rows"] for o in (row["options"] if every_option else [row["best"]] if row["best"]
+                                                 else [])]
+
+
 def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
     console.print(plan_table(plan, every_option))
+    console.print("±80%, 80%: the projection's 80% prediction interval (from its misses on published results it "
+                  "was not fitted to, wider with each doubling of N); measured points have none", highlight=False)
+    for o in _shown(plan, every_option):
+        if o.get("note"):
+            console.print(f"† N={o['num_devices']} {_precision(o)} {o['layout']}: {o['note']}", highlight=False)
     floor = f"E(N) >= {plan['min_efficiency']:.0%}"
     for label, key in (("fastest within the cap", "fastest"), (f"cheapest with {floor}", "cheapest_efficient"),
                        (f"fastest with {floor}", "fastest_efficient")):
         o = plan[key]
+        span = "" if o is None else _span(o.get("time_to_train_hours_low"), o.get("time_to_train_hours_high"), _hours)
         text = "none" if o is None else (f"N={o['num_devices']} {_precision(o)} {o['layout']} ({o['source']}): "
-                                         f"{_hours(o['time_to_train_hours'])}, {o['gpu_hours']:,.0f} GPU-hours")
+                                         f"{_hours(o['time_to_train_hours'])}, {o['gpu_hours']:,.0f} GPU-hours"
+                                         + (f" (80%: {span})" if span != "-" else ""))
         console.print(f"{label}: {text}", highlight=False)
     for note in plan["notes"]:
         console.print(f"note: {note}", highlight=False)

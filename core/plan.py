@@ -7,10 +7,14 @@ time_to_train = tokens / X(N); GPU-hours = N x time_to_train. Answers:
 - cheapest_efficient: the fewest GPU-hours (then the fastest) among options whose E(N) >= min_efficiency;
 - fastest_efficient: the fastest option whose E(N) >= min_efficiency.
 E(N) is each series' own (against its smallest measured N); a measured point carries its measured E.
+A projected option carries the projection's 80% interval: E, time and GPU-hours low and high (the time's low
+bound from the interval's high throughput); a measured option's bounds are its own values. An option whose
+throughput cannot give a time (zero or not finite) is left out.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Literal
 
@@ -38,6 +42,15 @@ class PlanOption(_Out):
     time_to_train_hours: float
     gpu_hours: float
     cost: float | None = None  # gpu_hours x gpu_hour_cost, when a cost was given
+    # 80% interval of a projected option (core.projection's); a measured option's bounds are its values
+    efficiency_low: float | None = None
+    efficiency_high: float | None = None
+    time_to_train_hours_low: float | None = None
+    time_to_train_hours_high: float | None = None
+    gpu_hours_low: float | None = None
+    gpu_hours_high: float | None = None
+    beyond_validated: bool = False
+    note: str | None = None  # why a point looks odd (E above 100%, beyond the validated range)
 
 
 class PlanRow(_Out):
@@ -71,12 +84,32 @@ def plan_counts(measured_counts: Iterable[int], max_gpus: int) -> list[int]:
     return sorted(counts)
 
 
-def _option(engine: str, precision: str, layout: str, n: int, source: str, x: float, eff: float | None,
-            tokens: float, gpu_hour_cost: float | None) -> PlanOption:
+def _hours(tokens: float, x: float | None) -> float | None:
+    """tokens / X in hours; None where X is not a positive finite number (or the hours are not finite)."""
+    if x is None or not math.isfinite(x) or x <= 0:
+        return None
     hours = tokens / x / 3600
+    return hours if math.isfinite(hours) else None
+
+
+def _option(engine: str, precision: str, layout: str, n: int, source: str, x: float, eff: float | None,
+            tokens: float, gpu_hour_cost: float | None, *, x_low: float | None = None, x_high: float | None = None,
+            eff_low: float | None = None, eff_high: float | None = None, beyond_validated: bool = False,
+            note: str | None = None) -> PlanOption | None:
+    """One option, or None when its throughput cannot give a time (zero, not finite)."""
+    hours = _hours(tokens, x)
+    if hours is None:
+        return None
+    slow, fast = _hours(tokens, x if x_low is None else x_low), _hours(tokens, x if x_high is None else x_high)
     return PlanOption(engine=engine, precision=precision, layout=layout, num_devices=n, source=source, tokens_per_sec=x,
                       tokens_per_sec_per_device=x / n, efficiency=eff, time_to_train_hours=hours,
-                      gpu_hours=hours * n, cost=hours * n * gpu_hour_cost if gpu_hour_cost is not None else None)
+                      gpu_hours=hours * n, cost=hours * n * gpu_hour_cost if gpu_hour_cost is not None else None,
+                      efficiency_low=eff if eff_low is None else eff_low,
+                      efficiency_high=eff if eff_high is None else eff_high,
+                      time_to_train_hours_low=fast, time_to_train_hours_high=slow,
+                      gpu_hours_low=None if fast is None else fast * n,
+                      gpu_hours_high=None if slow is None else slow * n,
+                      beyond_validated=beyond_validated, note=note)
 
 
 def build_plan(measured: ScalingReport, projected: ProjectionReport, *, tokens: float, max_gpus: int,
@@ -92,11 +125,13 @@ def build_plan(measured: ScalingReport, projected: ProjectionReport, *, tokens: 
                 continue
             m = meas.get(k, {}).get(p.num_devices)
             if m is not None:
-                options.append(_option(*k, p.num_devices, "measured", m.tokens_per_sec, m.efficiency, tokens,
-                                       gpu_hour_cost))
+                o = _option(*k, p.num_devices, "measured", m.tokens_per_sec, m.efficiency, tokens, gpu_hour_cost)
             else:
-                options.append(_option(*k, p.num_devices, "projected", p.tokens_per_sec, p.efficiency, tokens,
-                                       gpu_hour_cost))
+                o = _option(*k, p.num_devices, "projected", p.tokens_per_sec, p.efficiency, tokens, gpu_hour_cost,
+                            x_low=p.tokens_per_sec_low, x_high=p.tokens_per_sec_high, eff_low=p.efficiency_low,
+                            eff_high=p.efficiency_high, beyond_validated=p.beyond_validated, note=p.note)
+            if o is not None:
+                options.append(o)
     rows = []
     for n in counts:
         at_n = sorted((o for o in options if o.num_devices == n), key=lambda o: -o.tokens_per_sec)

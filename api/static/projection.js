@@ -1,5 +1,6 @@
 // Projected scaling on the experiment page: GET /experiments/{id}/projection (the experiment's cluster network),
-// drawn dashed after the last measured point of each series on the throughput and efficiency charts, with
+// drawn dashed after the last measured point of each series on the throughput and efficiency charts (with the
+// shaded 80% prediction interval around it), with
 // the network and the model's error at measured points listed under the fits. A cluster that describes no
 // network (and whose device implies none) gives a note instead of lines.
 // Chart containers get data-projected (projected points drawn) for tests and users.
@@ -7,6 +8,8 @@
 
 (function () {
   const PANELS = { throughput: ["tokens_per_sec", "measured_tokens_per_sec", 1], efficiency: ["efficiency", "measured_efficiency", 100] };
+  // The 80% prediction interval of each projected point (attr + "_low" / "_high"), drawn as a shaded band.
+  const BAND_ALPHA = "22";
   const PROJECTED_DASH = [6, 5];
   const state = { id: null, body: null, error: null };
 
@@ -34,10 +37,18 @@
       const data = (last ? [{ x: last.num_devices, y: last[measuredAttr] * scale, anchor: true }] : [])
         .concat(beyond.map((p) => ({ x: p.num_devices, y: p[attr] * scale })));
       const color = SB.colorOf(s.key.precision, precisions.indexOf(s.key.precision));
-      return { label: `${s.key.precision} · ${s.key.layout} (projected)`, data, borderColor: color,
+      const line = { label: `${s.key.precision} · ${s.key.layout} (projected)`, data, borderColor: color,
         backgroundColor: "#fff", borderDash: PROJECTED_DASH, borderWidth: 1.6, pointRadius: (c) => (c.raw && c.raw.anchor ? 0 : 3),
         pointStyle: "circle", _projected: true, _nProjected: beyond.length };
-    }).filter(Boolean);
+      // band: low edge, then high edge filled down to it ("-1"); the anchor point has no width
+      const edge = (suffix) => (last ? [{ x: last.num_devices, y: last[measuredAttr] * scale }] : [])
+        .concat(beyond.filter((p) => p[`${attr}${suffix}`] !== null && p[`${attr}${suffix}`] !== undefined)
+          .map((p) => ({ x: p.num_devices, y: p[`${attr}${suffix}`] * scale })));
+      const band = (suffix, fill) => ({ label: `${s.key.precision} · ${s.key.layout} (80% interval)`, data: edge(suffix),
+        borderColor: "transparent", backgroundColor: `${color}${BAND_ALPHA}`, pointRadius: 0, fill, _projected: true,
+        _band: true, _nProjected: 0 });
+      return [band("_low", false), band("_high", "-1"), line];
+    }).filter(Boolean).flat();
   }
 
   function draw() {
@@ -48,12 +59,19 @@
       const chart = canvas && Chart.getChart(canvas);
       if (!chart) continue;
       chart.data.datasets = chart.data.datasets.filter((d) => !d._projected);
+      const labels = chart.options.plugins && chart.options.plugins.legend && chart.options.plugins.legend.labels;
+      if (labels && !(labels.filter && labels.filter._noBands)) {  // the bands stay out of the legend
+        const inner = labels.filter;
+        labels.filter = (item, data) => !data.datasets[item.datasetIndex]._band && (!inner || inner(item, data));
+        labels.filter._noBands = true;
+      }
       const extra = body ? datasets(body, kind) : [];
       chart.data.datasets.push(...extra);
       const xs = chart.data.datasets.flatMap((d) => (d._ref ? [] : d.data.map((p) => p.x)));
       if (xs.length) chart.options.scales.x = SB.gpuAxis([...new Set(xs)].sort((a, b) => a - b));
       chart.update("none");
       el.dataset.projected = String(extra.reduce((n, d) => n + d._nProjected, 0));
+      el.dataset.projectedBands = String(extra.filter((d) => d._band).length / 2);
     }
     const el = noteEl();
     if (!el) return;

