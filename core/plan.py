@@ -98,12 +98,15 @@ def _option(engine: str, precision: str, layout: str, n: int, source: str, x: fl
             note: str | None = None) -> PlanOption | None:
     """One option, or None when its throughput cannot give a time (zero, not finite)."""
     hours = _hours(tokens, x)
-    if hours is None:
+    if hours is None or not math.isfinite(hours * n):
         return None
+    cost = hours * n * gpu_hour_cost if gpu_hour_cost is not None else None
     slow, fast = _hours(tokens, x if x_low is None else x_low), _hours(tokens, x if x_high is None else x_high)
+    slow = slow if slow is not None and math.isfinite(slow * n) else None
+    fast = fast if fast is not None and math.isfinite(fast * n) else None
     return PlanOption(engine=engine, precision=precision, layout=layout, num_devices=n, source=source, tokens_per_sec=x,
                       tokens_per_sec_per_device=x / n, efficiency=eff, time_to_train_hours=hours,
-                      gpu_hours=hours * n, cost=hours * n * gpu_hour_cost if gpu_hour_cost is not None else None,
+                      gpu_hours=hours * n, cost=cost if cost is None or math.isfinite(cost) else None,
                       efficiency_low=eff if eff_low is None else eff_low,
                       efficiency_high=eff if eff_high is None else eff_high,
                       time_to_train_hours_low=fast, time_to_train_hours_high=slow,
@@ -116,6 +119,7 @@ def build_plan(measured: ScalingReport, projected: ProjectionReport, *, tokens: 
                min_efficiency: float = DEFAULT_MIN_EFFICIENCY, gpu_hour_cost: float | None = None) -> Plan:
     counts = [n for n in projected.gpu_counts if n <= max_gpus]
     options: list[PlanOption] = []
+    dropped: list[str] = []  # options whose throughput gives no finite time (0, a stored value out of range)
     meas = {(s.key.engine, s.key.precision, s.key.layout): {p.num_devices: p for p in s.points if p.tokens_per_sec}
             for s in measured.series}
     for s in projected.series:
@@ -132,14 +136,18 @@ def build_plan(measured: ScalingReport, projected: ProjectionReport, *, tokens: 
                             eff_high=p.efficiency_high, beyond_validated=p.beyond_validated, note=p.note)
             if o is not None:
                 options.append(o)
+            else:
+                dropped.append(f"{k[1]} {k[2]} N={p.num_devices}")
     rows = []
     for n in counts:
         at_n = sorted((o for o in options if o.num_devices == n), key=lambda o: -o.tokens_per_sec)
         rows.append(PlanRow(num_devices=n, best=at_n[0] if at_n else None, options=at_n))
     efficient = [o for o in options if o.efficiency is not None and o.efficiency >= min_efficiency]
-    notes = [] if options else [f"no option within max_gpus={max_gpus}: the smallest measured N is larger"]
+    notes = [] if options or dropped else [f"no option within max_gpus={max_gpus}: the smallest measured N is larger"]
     if options and not efficient:
         notes.append(f"no option keeps efficiency >= {min_efficiency:g}")
+    if dropped:
+        notes.append(f"left out, their throughput gives no finite time or GPU-hours: {', '.join(dropped)}")
     return Plan(
         tokens=tokens, max_gpus=max_gpus, min_efficiency=min_efficiency, gpu_hour_cost=gpu_hour_cost,
         gpu_counts=counts, rows=rows, notes=notes,

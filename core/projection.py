@@ -196,8 +196,9 @@ def projected_efficiency(w: Workload, net: Network, gpus_per_node: int, n0: int,
     thousands of times)."""
     step0_ms = w.tokens_per_step(n0) / tokens_per_sec_n0 * 1e3
     model = _Model(w, net, gpus_per_node, n0, step0_ms, None)
-    x0 = model.tokens_per_sec(n0)
-    return {n: model.tokens_per_sec(n) / (x0 * n / n0) for n in counts if _fits(w, n)}
+    step0 = model.parts(n0).step_ms
+    return {n: (w.tokens_per_step(n) / w.tokens_per_step(n0)) * (step0 / model.parts(n).step_ms) * (n0 / n)
+            for n in counts if _fits(w, n)}
 
 
 def interval_half_width(n: int, n0: int) -> float:
@@ -241,7 +242,12 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
     names = ("inter_node_efficiency", "device_speed_cv") if len(pts) >= 2 and crosses else ("device_speed_cv",)
 
     def rms(m: _Model) -> float:
-        return math.sqrt(sum((m.tokens_per_sec(n) / x - 1) ** 2 for n, x in pts.items()) / len(pts))
+        # Relative errors (the measured X normalises each point), so 1e-300 and 1e300 tokens/s fit alike; a
+        # ratio that is not a finite number makes the fit inf (never chosen), not an exception.
+        rel = [m.tokens_per_sec(n) / x - 1 for n, x in pts.items()]
+        if not all(math.isfinite(r) for r in rel):
+            return math.inf
+        return math.sqrt(sum((r / len(rel) ** 0.5) ** 2 for r in rel))
 
     def fit(combo: dict[str, float]) -> tuple[float, _Model]:
         m = _Model(model.w, model.net.model_copy(update=combo), model.gpn, model.n0, model.step0_ms, model.breakdown)
@@ -249,6 +255,9 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
 
     # A coarse grid over each factor's range, then a finer one around the best (bounds: FIT_RANGES).
     before, ranges = rms(model), {k: FIT_RANGES[k] for k in names}
+    if not math.isfinite(before):
+        return Calibration(fitted=False, reason="the measured points beyond N0 and the model differ by more than "
+                                                "the float range: nothing to fit"), model
     best = (before, model, {k: getattr(model.net, k) for k in names})  # moved only by a strictly better fit
     for _ in range(4):
         grids = {k: [lo + (hi - lo) * i / 6 for i in range(7)] for k, (lo, hi) in ranges.items()}
@@ -262,6 +271,7 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
         ranges = {k: _around(best[2][k], (hi - lo) / 6, FIT_RANGES[k]) for k, (lo, hi) in ranges.items()}
     err, fitted, combo = best
     worst = max(abs(fitted.tokens_per_sec(n) / x - 1) for n, x in pts.items())
+    worst = worst if math.isfinite(worst) else None
     return Calibration(fitted=True, parameters=combo, num_points=len(pts), rms_rel_error_before=before,
                        rms_rel_error_after=err, max_abs_rel_error_after=worst), fitted
 
@@ -274,44 +284,83 @@ def _workload(key: SeriesKey, spec: Mapping) -> Workload:
                     activation_checkpointing=spec.get("activation_checkpointing", "none"))
 
 
+def _refused(series: Series, reason: str, n0: int | None = None, x0: float | None = None) -> ProjectedSeries:
+    return ProjectedSeries(key=series.key, baseline_num_devices=n0, baseline_tokens_per_sec=x0,
+                           compute_source="none", compute_ms=None, points=[], notes=[f"not projected: {reason}"])
+
+
+def _finite(parts: StepParts) -> bool:
+    return all(math.isfinite(v) for v in vars(parts).values() if isinstance(v, float))
+
+
 def project_series(series: Series, spec: Mapping, net: Network, gpus_per_node: int, gpu_counts: Sequence[int], *,
                    breakdown: Mapping[str, float] | None = None, calibrate: bool = False,
                    max_devices: int | None = None) -> tuple[ProjectedSeries, dict[int, float]]:
-    """One series projected at gpu_counts; also {N: projected X} for the fp8 speedups."""
-    measured = {p.num_devices: p.tokens_per_sec for p in series.points if p.tokens_per_sec}
-    meas_eff = {p.num_devices: p.efficiency for p in series.points if p.efficiency is not None}
+    """One series projected at gpu_counts; also {N: projected X} for the fp8 speedups.
+
+    Total: a stored value the model cannot work with (a step time at N0 beyond the float range, a strong-scaling
+    series without a global batch) refuses the series with the reason in its notes, and a point whose modelled
+    step is not a finite number is left out with a note; nothing raises. E(N) is a ratio of step times and tokens
+    per step (normalised by N0), so it does not depend on the size of X(N0)."""
+    measured = {p.num_devices: p.tokens_per_sec for p in series.points
+                if p.tokens_per_sec and math.isfinite(p.tokens_per_sec) and p.tokens_per_sec > 0}
+    meas_eff = {p.num_devices: p.efficiency for p in series.points
+                if p.efficiency is not None and math.isfinite(p.efficiency)}
     if not measured:
         return ProjectedSeries(key=series.key, baseline_num_devices=None, baseline_tokens_per_sec=None,
                                compute_source="none", compute_ms=None, points=[],
                                notes=["no measured point: nothing to project from"]), {}
     w, n0 = _workload(series.key, spec), min(measured)
-    step0_ms = w.tokens_per_step(n0) / measured[n0] * 1e3
+    try:
+        tokens0 = w.tokens_per_step(n0)
+    except (ValueError, AssertionError) as exc:
+        return _refused(series, str(exc), n0, measured[n0]), {}
+    step0_ms = tokens0 / measured[n0] * 1e3
+    if not (math.isfinite(step0_ms) and step0_ms > 0):
+        return _refused(series, f"X(N0={n0}) = {measured[n0]:.3g} tokens/s gives a step time of {step0_ms:.3g} ms, "
+                                "outside what the model can compute with", n0, measured[n0]), {}
     model = _Model(w, net, gpus_per_node, n0, step0_ms, breakdown)
+    base = model.parts(n0)
+    if not _finite(base):
+        return _refused(series, f"the modelled step at N0={n0} is not a finite number (step {step0_ms:.3g} ms)",
+                        n0, measured[n0]), {}
+    notes = []
+    if model.compute0_ms == 0.0 and base.step_ms > step0_ms * (1 + 1e-6):
+        notes.append(f"the model's communication alone ({base.step_ms:.3g} ms) exceeds the measured step at "
+                     f"N0={n0} ({step0_ms:.3g} ms): compute taken as 0, the projection does not pass through N0")
     calibration = None
     if calibrate:
         calibration, model = _calibrate(model, measured)
+        base = model.parts(n0)
     counts = sorted(set(gpu_counts) | set(measured))
     skipped = [n for n in counts if not _fits(w, n)]
-    x0 = model.tokens_per_sec(n0)
-    points, xs = [], {}
+    points, xs, not_finite = [], {}, []
     for n in (n for n in counts if n not in skipped):
-        parts, x = model.parts(n), model.tokens_per_sec(n)
+        parts = model.parts(n)
+        if not _finite(parts) or parts.step_ms <= 0:
+            not_finite.append(n)
+            continue
+        # E as a ratio of per-device tokens per ms: independent of the size of X(N0)
+        eff = (w.tokens_per_step(n) / w.tokens_per_step(n0)) * (base.step_ms / parts.step_ms) * (n0 / n)
+        x = w.tokens_per_step(n) / parts.step_ms * 1e3
         xs[n] = x
         m, me = measured.get(n), meas_eff.get(n)
-        eff = x / (x0 * n / n0)
         half = interval_half_width(n, n0)
         low, high = max(0.0, eff - half), eff + half
-        opt0 = model.parts(n0).optimizer_ms
+        error = (x / m - 1) if m else None
         points.append(ProjectedPoint(
-            efficiency_low=low, efficiency_high=high, tokens_per_sec_low=low * x0 * n / n0,
-            tokens_per_sec_high=high * x0 * n / n0, beyond_validated=n > VALIDATED_MAX_DEVICES,
-            note=_point_note(w, n, n0, eff, parts.optimizer_ms, opt0),
+            efficiency_low=low, efficiency_high=high, tokens_per_sec_low=x * (low / eff) if eff > 0 else 0.0,
+            tokens_per_sec_high=x * (high / eff) if eff > 0 else None, beyond_validated=n > VALIDATED_MAX_DEVICES,
+            note=_point_note(w, n, n0, eff, parts.optimizer_ms, base.optimizer_ms),
             num_devices=n, tokens_per_sec=x, tokens_per_sec_per_device=x / n, efficiency=eff,
             **{k: v for k, v in vars(parts).items() if k != "compute_ms"}, compute_ms=parts.compute_ms,
             beyond_cluster=bool(max_devices and n > max_devices), measured_tokens_per_sec=m,
-            measured_efficiency=me, error=(x / m - 1) if m else None,
+            measured_efficiency=me, error=error if error is not None and math.isfinite(error) else None,
             efficiency_error_pp=100 * (eff - me) if me is not None else None))
-    notes = [f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}"] if skipped else []
+    if skipped:
+        notes.append(f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}")
+    if not_finite:
+        notes.append(f"the modelled step is not a finite number at N={', '.join(map(str, not_finite))}: left out")
     out = ProjectedSeries(key=series.key, baseline_num_devices=n0, baseline_tokens_per_sec=measured[n0],
                           compute_source=model.source, compute_ms=model.compute0_ms, points=points,
                           calibration=calibration, notes=notes)

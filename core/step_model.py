@@ -64,7 +64,8 @@ class Workload:
 
     def sequences_per_dp_rank(self, n: int) -> float:
         if self.scaling == "strong":
-            assert self.global_batch_size, "strong scaling needs a global batch size"
+            if not self.global_batch_size:
+                raise ValueError("global_batch_size: strong scaling needs a global batch size (a positive count)")
             return self.global_batch_size / self.degrees(n).dp_degree
         return float(self.local_batch_size or 1)
 
@@ -213,10 +214,12 @@ def step_time(w: Workload, net: Network, n: int, gpus_per_node: int, compute_ms:
     straggle = 1 + net.device_speed_cv * expected_max_normal(n)
     work = compute_ms * straggle
     num_layers = w.model_shape().num_layers
-    root_ms = work * unit_bytes(w, n).root_flops_share
+    share = unit_bytes(w, n).root_flops_share
+    root_ms = work * share
     fwd_share = 0.25 if w.activation_checkpointing == "full" else FWD_SHARE  # recompute runs in backward
-    wf = (work - root_ms) * fwd_share / num_layers
-    wb = (work - root_ms) * (1 - fwd_share) / num_layers
+    # products, not differences: a huge compute (1e308 ms) gives inf, never inf - inf
+    wf = work * (1 - share) * fwd_share / num_layers
+    wb = work * (1 - share) * (1 - fwd_share) / num_layers
     f = net.collective_sm_fraction
     # (count, comm beside it, compute) of the blocks of forward and backward; the head and tail are exposed
     if c.ag_block:  # FSDP/HSDP: block L-1 prefetches L-2's gather; blocks L-2..1 also reduce L+1; block 0 only reduces
@@ -227,11 +230,12 @@ def step_time(w: Workload, net: Network, n: int, gpus_per_node: int, compute_ms:
     blocks = [(num_layers - 1, c.ag_block, wf), (1, 0.0, wf)] + bwd
     head_tail = c.ag_root + c.ag_block + c.rs_block + c.rs_root + c.ar_block + c.ar_root
     tp_ms = c.tp_per_block * num_layers
+    blocks = [b for b in blocks if b[0] > 0]  # 0 x inf would be nan (one- and two-layer models)
     layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]
     exposed = head_tail + tp_ms + sum(k * e for k, _, e, _ in layers)
     total_comm = head_tail + tp_ms + sum(k * x for k, x, _ in blocks)
     step = root_ms + sum(k * t for k, t, _, _ in layers) + head_tail + tp_ms + optimizer_ms + idle_ms
-    return StepParts(step_ms=step, compute_ms=compute_ms, straggler_ms=work - compute_ms,
+    return StepParts(step_ms=step, compute_ms=compute_ms, straggler_ms=compute_ms * (straggle - 1),
                      communication_ms=total_comm, exposed_communication_ms=exposed,
                      hidden_communication_ms=total_comm - exposed, interference_ms=sum(k * i for k, _, _, i in layers),
                      tp_communication_ms=tp_ms, optimizer_ms=optimizer_ms, idle_ms=idle_ms,
