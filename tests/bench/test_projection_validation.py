@@ -1,0 +1,57 @@
+"""bench/published and bench/projection_validation.py on CPU: the validation set covers sources, vendors, layouts
+and scale, every series carries its citation, the evaluation's pieces behave, and the constants the product ships
+are the ones the recorded run fitted (bench/results/2026-12-04-projection-validation.json)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+from core import network, projection
+
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("projection_validation", REPO / "bench" / "projection_validation.py")
+pv = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = pv  # its dataclasses look their module up
+spec.loader.exec_module(pv)
+RESULT = REPO / "bench" / "results" / "2026-12-04-projection-validation.json"
+ROW_FIELDS = ("id", "citation", "date", "hardware", "network", "model", "layout", "precision", "batch", "seq_len",
+              "scaling", "metric", "points", "projection")
+
+
+def test_the_published_set_covers_sources_vendors_layouts_and_scale():
+    series = pv.load_published()
+    assert len(series) >= 8 and len({s.source for s in series}) >= 4
+    assert {s.vendor for s in series} == {"nvidia", "amd"}
+    layouts = {s.workload.layout for s in series}
+    assert {"fsdp", "ddp"} <= layouts and any(lay.startswith("tp=") for lay in layouts)
+    assert max(max(s.points) for s in series) > 512
+    for path in sorted((REPO / "bench" / "published").glob("*.json")):
+        doc = json.loads(path.read_text())
+        assert doc["url"].startswith("https://") and doc["published"]
+        for row in doc["series"]:
+            assert all(row.get(k) not in (None, "") for k in ROW_FIELDS), (path.name, row["id"])
+            assert len(row["points"]) >= 2 and all(x > 0 for _, x in row["points"])
+
+
+def test_a_series_projects_from_its_smallest_n_and_misses_are_in_points():
+    (tt,) = [s for s in pv.load_published() if s.id == "torchtitan-h100-8b-fsdp-float8"]
+    constants = {"collective_units": 0.0, "device_speed_cv": 0.0, "link_efficiency": 1.0}
+    proj = pv.project(tt, constants)
+    assert proj[8] == 1.0 and 0.95 < proj[128] <= 1.0
+    assert pv.misses_pp(tt, constants)[128] == 100 * (proj[128] - 8380 / 8532)
+    assert pv.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.8) == 4.2
+
+
+def test_the_shipped_constants_are_the_recorded_fit():
+    report = json.loads(RESULT.read_text())
+    fitted = report["shipped_constants"]
+    assert fitted["collective_units"] == network.COLLECTIVE_UNITS
+    assert fitted["device_speed_cv"] == network.DEVICE_SPEED_CV
+    assert fitted["link_efficiency"] == network.LINK_EFFICIENCY
+    assert math.isclose(projection.INTERVAL_PP_PER_DOUBLING, report["shipped_interval_pp_per_doubling"], abs_tol=5e-3)
+    assert report["largest_validated_num_devices"] == projection.VALIDATED_MAX_DEVICES
+    assert report["num_sources"] >= 4 and report["shipped_variant"] == "full"
