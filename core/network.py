@@ -48,26 +48,24 @@ COMPUTE_UNITS = {"h100-hgx": 132, "h200-hgx": 132, "b200-hgx": 148, "mi300x-plat
                  "mi325x-platform": 304, "mi355x-platform": 256}
 # Node platforms: per-GPU intra-node bandwidth per direction (GB/s), from the vendors' datasheets, and the share of
 # compute units a running collective takes (COLLECTIVE_UNITS of the device's SMs or CUs).
-PLATFORMS: dict[str, dict[str, Any]] = {
+INTRA_NODE_GB_PER_S: dict[str, float] = {
     # NVIDIA H100 SXM / HGX H100: NVLink 4, 18 links, 900 GB/s bidirectional per GPU through NVSwitch.
-    "h100-hgx": {"intra_node_gb_per_s": 450.0,
-                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["h100-hgx"]},
+    "h100-hgx": 450.0,
     # NVIDIA H200 SXM / HGX H200: the same NVLink 4 / NVSwitch fabric, 900 GB/s bidirectional per GPU.
-    "h200-hgx": {"intra_node_gb_per_s": 450.0,
-                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["h200-hgx"]},
+    "h200-hgx": 450.0,
     # NVIDIA HGX B200: NVLink 5, 1.8 TB/s bidirectional per GPU through NVSwitch.
-    "b200-hgx": {"intra_node_gb_per_s": 900.0,
-                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["b200-hgx"]},
+    "b200-hgx": 900.0,
     # AMD Instinct MI300X platform: 7 Infinity Fabric (xGMI) links per GPU, one to each peer (no switch),
     # 128 GB/s bidirectional each (896 GB/s aggregate): 7 x 64 GB/s per direction when every link is busy.
-    "mi300x-platform": {"intra_node_gb_per_s": 448.0,
-                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["mi300x-platform"]},
+    "mi300x-platform": 448.0,
     # AMD Instinct MI325X platform: the same Infinity Fabric as MI300X (896 GB/s aggregate).
-    "mi325x-platform": {"intra_node_gb_per_s": 448.0,
-                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["mi325x-platform"]},
+    "mi325x-platform": 448.0,
     # AMD Instinct MI355X platform: 7 Infinity Fabric links of 153.6 GB/s bidirectional (1075 GB/s aggregate).
-    "mi355x-platform": {"intra_node_gb_per_s": 537.6,
-                 "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS["mi355x-platform"]},
+    "mi355x-platform": 537.6,
+}
+PLATFORMS: dict[str, dict[str, Any]] = {
+    name: {"intra_node_gb_per_s": gb_per_s, "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS[name]}
+    for name, gb_per_s in INTRA_NODE_GB_PER_S.items()
 }
 # Device name substring (lower case) -> platform, for clusters that describe no network.
 PLATFORM_OF_DEVICE = (("h200", "h200-hgx"), ("h100", "h100-hgx"), ("b200", "b200-hgx"), ("mi355", "mi355x-platform"),

@@ -197,8 +197,15 @@ def projected_efficiency(w: Workload, net: Network, gpus_per_node: int, n0: int,
     step0_ms = w.tokens_per_step(n0) / tokens_per_sec_n0 * 1e3
     model = _Model(w, net, gpus_per_node, n0, step0_ms, None)
     step0 = model.parts(n0).step_ms
-    return {n: (w.tokens_per_step(n) / w.tokens_per_step(n0)) * (step0 / model.parts(n).step_ms) * (n0 / n)
-            for n in counts if _fits(w, n)}
+    out = {}
+    for n in counts:
+        step_ms = model.parts(n).step_ms if _fits(w, n) else 0.0
+        if not (0.0 < step_ms < math.inf):
+            continue  # a step the model cannot time (a measured step ~0 ms at N0 = 1): no point, never a raise
+        eff = (w.tokens_per_step(n) / w.tokens_per_step(n0)) * (step0 / step_ms) * (n0 / n)
+        if math.isfinite(eff):
+            out[n] = eff
+    return out
 
 
 def interval_half_width(n: int, n0: int) -> float:

@@ -254,6 +254,6 @@ def solve_compute(target_ms: float, step_of) -> float:
             return c
         lo, hi = (c, hi) if fc < target_ms else (lo, c)
         c_next = c - (fc - target_ms)  # slope ~ 1: compute adds to the step one for one where it is not hidden
-        c = c_next if lo < c_next < hi else (lo + hi) / 2
+        c = c_next if lo < c_next < hi else lo + (hi - lo) / 2  # (lo + hi) / 2 overflows near 1e308
         fc = step_of(c)
-    return c
+    return min(max(c, 0.0), target_ms)
