@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -102,7 +103,11 @@ def main() -> None:
                 jsonl.flush()
     if jsonl:
         jsonl.close()
-    dist.destroy_process_group()
+    dist.barrier()  # every rank is done before any leaves
+    sys.stdout.flush()
+    # gloo's teardown can abort a rank after a successful run ("terminate called without an active exception",
+    # SIGABRT from its threads, seen here under Slurm): leave without it, as scalebench's own runner does.
+    os._exit(0)
 
 
 if __name__ == "__main__":
