@@ -32,6 +32,7 @@ from core.specs import MX_PRECISIONS, PRECISIONS, ParallelDegrees, RunSpec, comm
 if TYPE_CHECKING:
     from core.clusters import Cluster
 
+COMMAND_FILE = "command.json"  # a command engine's launch, beside spec.json: written by the worker, read on the node
 MetricsSource = Literal["jsonl", "megatron-log", "torchtitan-log"]
 METRICS_SOURCES: tuple[str, ...] = ("jsonl", "megatron-log", "torchtitan-log")
 

@@ -28,14 +28,13 @@ import sys
 from pathlib import Path
 
 from core.engine_metrics import StepMetric, parse_metrics
-from core.engines import CommandEngine, render_command, template_values
+from core.engines import COMMAND_FILE, CommandEngine, render_command, template_values
 from core.hardware import peak_tflops
 from core.run_metrics import summarize
 from core.specs import Environment, Numerics, RunError, RunResult, RunSpec, StepRecord
 from runner.__main__ import load_spec, setup_logging, write_result
 
 log = logging.getLogger("runner.command")
-COMMAND_FILE = "command.json"  # = worker.launchers.base.COMMAND_FILE
 CODE_DIR = Path(__file__).resolve().parents[1]  # the scalebench checkout: {code_dir}
 LOG_TAIL_BYTES = 2048  # of the command's output, in a failure's message
 KEEP_LINES = 200_000  # output lines kept for a log parser (a 1,000-step run logs a few thousand)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.clusters import Cluster
+from core.engines import COMMAND_FILE
 from core.specs import RunSpec, command_name
 from worker.engines.base import Program
-from worker.launchers.base import COMMAND_FILE, write_json_atomic
+from worker.launchers.base import write_json_atomic
 
 
 class CommandEngine:

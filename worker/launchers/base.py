@@ -22,7 +22,6 @@ from core.clusters import Cluster
 from core.specs import RunResult, RunSpec
 
 SPEC_FILE, RESULT_FILE, LOG_FILE, HANDLE_FILE = "spec.json", "result.json", "log.txt", "handle.json"
-COMMAND_FILE = "command.json"  # a command engine's launch (worker.engines.command), read by runner.command
 _TRACE_RE = re.compile("^" + re.escape(TRACE_FILE).replace(re.escape("{rank}"), r"(\d+)") + "$")
 
 
