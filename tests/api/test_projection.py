@@ -83,7 +83,7 @@ def test_torchtitan_fsdp_table_projected_from_8_gpus_to_128(api) -> None:
             assert p[8]["error"] == pytest.approx(0.0, abs=1e-9)  # the model starts from the 8-GPU point
             assert p[128]["measured_efficiency"] == pytest.approx(PUBLISHED_E128[technique] / 100, abs=1e-4)
             assert p[1024]["measured_tokens_per_sec"] is None and p[1024]["error"] is None
-            assert p[128]["dp_bound"] == "inter-node" and p[1024]["efficiency"] < p[128]["efficiency"]
+            assert p[128]["dp_bound"] == "intra-node" and p[1024]["efficiency"] < p[128]["efficiency"]
             # every projected point carries its 80% interval; it contains the projection and widens with N
             for q in p.values():
                 assert q["efficiency_low"] <= q["efficiency"] <= q["efficiency_high"]

@@ -10,6 +10,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 from core import network, projection
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,11 +41,29 @@ def test_the_published_set_covers_sources_vendors_layouts_and_scale():
 
 def test_a_series_projects_from_its_smallest_n_and_misses_are_in_points():
     (tt,) = [s for s in pv.load_published() if s.id == "torchtitan-h100-8b-fsdp-float8"]
-    constants = {"collective_units": 0.0, "device_speed_cv": 0.0, "link_efficiency": 1.0}
+    constants = {"collective_units": 0.0, "device_speed_cv": 0.0, "intra_node_efficiency": 1.0,
+                 "inter_node_efficiency": 1.0}
     proj = pv.project(tt, constants)
     assert proj[8] == 1.0 and 0.95 < proj[128] <= 1.0
     assert pv.misses_pp(tt, constants)[128] == 100 * (proj[128] - 8380 / 8532)
     assert pv.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.8) == 4.2
+
+
+def test_the_interval_is_a_conformal_quantile_of_per_source_scores():
+    rows = [{"source": "a", "miss_pp": m, "doublings": 2.0} for m in (1.0, 2.0, 3.0, 4.0, 5.0)] + \
+        [{"source": "b", "miss_pp": -0.4, "doublings": 1.0}]
+    scores = pv.source_scores(rows)
+    assert scores == {"a": 4.2 / 2, "b": 0.4}  # |miss| / doublings, 80th percentile within the source
+    assert pv.conformal_quantile([0.1, 0.2, 0.3, 0.4]) == 0.4  # ceil(0.8 x 5) = 4th of 4
+    assert pv.conformal_quantile([0.1 * k for k in range(1, 10)]) == pytest.approx(0.8)  # ceil(0.8 x 10) = 8th of 9
+    assert pv.conformal_quantile([]) == 0.0
+
+
+def test_a_tied_variant_fits_one_link_efficiency():
+    series = [s for s in pv.load_published() if s.source == "trainy"]
+    constants, _ = pv.fit(series, pv.Variant(zero=("collective_units", "device_speed_cv"), tied=True))
+    assert constants["intra_node_efficiency"] == constants["inter_node_efficiency"]
+    assert constants["collective_units"] == constants["device_speed_cv"] == 0.0
 
 
 def test_the_shipped_constants_are_the_recorded_fit():
@@ -51,7 +71,10 @@ def test_the_shipped_constants_are_the_recorded_fit():
     fitted = report["shipped_constants"]
     assert fitted["collective_units"] == network.COLLECTIVE_UNITS
     assert fitted["device_speed_cv"] == network.DEVICE_SPEED_CV
-    assert fitted["link_efficiency"] == network.LINK_EFFICIENCY
+    assert fitted["intra_node_efficiency"] == network.INTRA_NODE_EFFICIENCY
+    assert fitted["inter_node_efficiency"] == network.INTER_NODE_EFFICIENCY
     assert math.isclose(projection.INTERVAL_PP_PER_DOUBLING, report["shipped_interval_pp_per_doubling"], abs_tol=5e-3)
     assert report["largest_validated_num_devices"] == projection.VALIDATED_MAX_DEVICES
-    assert report["num_sources"] >= 4 and report["shipped_variant"] == "full"
+    assert report["num_sources"] >= 5 and report["vendors"] == ["amd", "nvidia"]
+    best = min(v["series_mean_abs_miss_pp"] for v in report["variants"].values())
+    assert report["variants"][report["shipped_variant"]]["series_mean_abs_miss_pp"] <= best + 0.05
