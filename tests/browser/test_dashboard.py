@@ -136,4 +136,26 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
     assert _attr(page, "#cmp-throughput", "data-points") == "6"
     assert page.locator("#ratios tbody tr").count() == 2
     page.screenshot(path=str(ARTIFACTS / "dashboard-compare.png"), full_page=True)
+
+    # the imported torchtitan table projected past its 128 GPUs: a dashed line inside a shaded 80% band that
+    # starts at the last measured point and widens with N
+    page.goto(f"{server}/?poll_ms={POLL_MS}#/experiments/{compiled_id}")
+    page.wait_for_selector("#chart-efficiency[data-projected-bands='2']", timeout=15_000)
+    assert int(_attr(page, "#chart-efficiency", "data-projected")) > 0
+    assert _attr(page, "#chart-throughput", "data-projected-bands") == "2"  # bf16 and fp8-tensorwise
+    drawn = page.evaluate("""Chart.getChart(document.querySelector('#chart-efficiency canvas')).data.datasets
+        .filter(d => d._projected).map(d => ({band: !!d._band, label: d.label, data: d.data.map(p => [p.x, p.y])}))""")
+    for low, high, line in (drawn[i:i + 3] for i in range(0, len(drawn), 3)):
+        assert low["band"] and high["band"] and not line["band"] and "(projected)" in line["label"]
+        assert low["data"][0] == high["data"][0] == line["data"][0]  # anchored at the last measured point
+        assert low["data"][0][0] == 128
+        widths = []
+        for (x_lo, y_lo), (x_hi, y_hi), (x, y) in zip(low["data"], high["data"], line["data"], strict=True):
+            assert x_lo == x_hi == x and y_lo <= y <= y_hi
+            widths.append(y_hi - y_lo)
+        assert widths[0] == 0 and all(b > a for a, b in zip(widths, widths[1:], strict=False))
+    legend = page.evaluate("Chart.getChart(document.querySelector('#chart-efficiency canvas'))"
+                           ".legend.legendItems.map(i => i.text)")
+    assert not any("80% interval" in text for text in legend)  # the bands stay out of the legend
+    page.locator("#chart-efficiency").screenshot(path=str(ARTIFACTS / "dashboard-projection-band.png"))
     assert not errors, errors
