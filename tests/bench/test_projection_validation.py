@@ -74,6 +74,8 @@ def test_the_shipped_constants_are_the_recorded_fit():
     assert fitted["intra_node_efficiency"] == network.INTRA_NODE_EFFICIENCY
     assert fitted["inter_node_efficiency"] == network.INTER_NODE_EFFICIENCY
     assert math.isclose(projection.INTERVAL_PP_PER_DOUBLING, report["shipped_interval_pp_per_doubling"], abs_tol=5e-3)
+    coverage = report["variants"][report["shipped_variant"]]["nested_coverage"]
+    assert math.isclose(projection.INTERVAL_NESTED_COVERAGE, coverage, abs_tol=5e-3)
     assert report["largest_validated_num_devices"] == projection.VALIDATED_MAX_DEVICES
     assert report["num_sources"] >= 5 and report["vendors"] == ["amd", "nvidia"]
     best = min(v["series_mean_abs_miss_pp"] for v in report["variants"].values())
