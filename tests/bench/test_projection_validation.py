@@ -49,6 +49,22 @@ def test_a_series_projects_from_its_smallest_n_and_misses_are_in_points():
     assert pv.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.8) == 4.2
 
 
+def test_published_units_become_tokens_per_gpu_and_a_pipeline_pays_its_bubble():
+    by_id = {s.id: s for s in pv.load_published()}
+    lumi, mi250 = by_id["lumi-mi250x-175b-tp8-pp8-bf16-strong"], by_id["databricks-mi250-mpt7b-fsdp-strong"]
+    assert lumi.points[128] == pytest.approx(2.954 * 2048 / 128)  # global samples/s x seq len / N
+    mpt7b = pv.ModelShape(**json.loads((REPO / "bench/published/databricks-mi250-2023-10.json").read_text())
+                          ["series"][0]["projection"]["shape"])
+    assert mi250.points[4] == pytest.approx(166e12 / mpt7b.flops_per_token(2048))  # TFLOP/s per GPU / FLOPs per token
+    assert lumi.workload.model_shape().num_layers == 9  # one pipeline stage of the 70-layer model
+    # 1F1B: 1 + (PP - 1) / micro-batches; GBS 1024, micro-batch 2, DP = N / 64
+    assert lumi.bubble(128) == pytest.approx(1 + 7 / 256) and lumi.bubble(2048) == pytest.approx(1 + 7 / 16)
+    assert mi250.bubble(128) == 1.0 and by_id["dgxc-h100-405b-bf16"].bubble(2304) == 1.0  # no micro-batch given
+    constants = {"collective_units": 0.0, "device_speed_cv": 0.0, "intra_node_efficiency": 1.0,
+                 "inter_node_efficiency": 1.0}
+    assert pv.project(lumi, constants)[2048] < (1 + 7 / 256) / (1 + 7 / 16) + 1e-9  # at most the bubble's loss left
+
+
 def test_the_interval_is_a_conformal_quantile_of_per_source_scores():
     rows = [{"source": "a", "miss_pp": m, "doublings": 2.0} for m in (1.0, 2.0, 3.0, 4.0, 5.0)] + \
         [{"source": "b", "miss_pp": -0.4, "doublings": 1.0}]
