@@ -15,7 +15,8 @@ The model's free constants are fitted by a grid search that minimises the mean o
 mean absolute miss:
 - collective_units: compute units a running collective holds (collective_sm_fraction = units / the device's
   SMs or CUs);
-- device_speed_cv: device-to-device speed spread (the wait for the slowest of N);
+- device_speed_cv: device-to-device speed spread (the wait for the slowest of N; its tail exponential, or normal in
+  one variant);
 - intra_node_efficiency, inter_node_efficiency: achieved / nominal bus bandwidth inside a node and across nodes.
 
 Leave-one-source-out: for each source (publisher), the constants are fitted on the other sources only and its
@@ -64,6 +65,7 @@ GRID = {
     "device_speed_cv": [round(0.0025 * k, 4) for k in range(17)],  # 0 to 0.04
     "intra_node_efficiency": [round(0.6 + 0.05 * k, 2) for k in range(9)],  # 0.6 to 1.0
     "inter_node_efficiency": [round(0.5 + 0.05 * k, 2) for k in range(11)],  # 0.5 to 1.0
+    "straggler_tail_exponential": [1.0],  # the form, not a fitted constant: 1 exponential tail, 0 normal
 }
 INTERVAL_COVERAGE = 0.8
 TIED = "inter_node_efficiency"  # a tied variant fits one link efficiency: inter = intra
@@ -76,13 +78,14 @@ class Variant:
 
     @property
     def num_constants(self) -> int:
-        return len(GRID) - len(self.zero) - self.tied
+        return sum(len(v) > 1 and k not in self.zero for k, v in GRID.items()) - self.tied
 
 
 VARIANTS = {
     "full": Variant(),
     "one link efficiency (intra = inter)": Variant(tied=True),
     "no collective share (collective_units = 0)": Variant(zero=("collective_units",)),
+    "no collective share, normal straggler tail": Variant(zero=("collective_units", "straggler_tail_exponential")),
     "no straggler term (device_speed_cv = 0)": Variant(zero=("device_speed_cv",)),
     "neither term, one link efficiency": Variant(zero=("collective_units", "device_speed_cv"), tied=True),
 }
@@ -171,7 +174,8 @@ def network_for(s: Published, constants: dict[str, float]) -> Network:
     return Network(**s.network, intra_node_efficiency=intra,
                    inter_node_efficiency=constants.get("inter_node_efficiency", intra),
                    collective_sm_fraction=min(constants["collective_units"] / s.compute_units, 0.9),
-                   device_speed_cv=constants["device_speed_cv"])
+                   device_speed_cv=constants["device_speed_cv"],
+                   straggler_tail="exponential" if constants.get("straggler_tail_exponential", 1) else "normal")
 
 
 def project(s: Published, constants: dict[str, float]) -> dict[int, float]:

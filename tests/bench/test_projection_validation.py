@@ -44,6 +44,8 @@ def test_a_series_projects_from_its_smallest_n_and_misses_are_in_points():
     constants = {"collective_units": 0.0, "device_speed_cv": 0.0, "intra_node_efficiency": 1.0,
                  "inter_node_efficiency": 1.0}
     proj = pv.project(tt, constants)
+    assert pv.network_for(tt, constants).straggler_tail == "exponential"  # the form unless a variant says normal
+    assert pv.network_for(tt, constants | {"straggler_tail_exponential": 0.0}).straggler_tail == "normal"
     assert proj[8] == 1.0 and 0.95 < proj[128] <= 1.0
     assert pv.misses_pp(tt, constants)[128] == 100 * (proj[128] - 8380 / 8532)
     assert pv.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.8) == 4.2
@@ -89,6 +91,7 @@ def test_the_shipped_constants_are_the_recorded_fit():
     assert fitted["device_speed_cv"] == network.DEVICE_SPEED_CV
     assert fitted["intra_node_efficiency"] == network.INTRA_NODE_EFFICIENCY
     assert fitted["inter_node_efficiency"] == network.INTER_NODE_EFFICIENCY
+    assert ("exponential" if fitted["straggler_tail_exponential"] else "normal") == network.STRAGGLER_TAIL
     assert math.isclose(projection.INTERVAL_PP_PER_DOUBLING, report["shipped_interval_pp_per_doubling"], abs_tol=5e-3)
     coverage = report["variants"][report["shipped_variant"]]["nested_coverage"]
     assert math.isclose(projection.INTERVAL_NESTED_COVERAGE, coverage, abs_tol=5e-3)

@@ -27,7 +27,15 @@ from core.network import (
 from core.plan import build_plan, parse_token_count, plan_counts
 from core.projection import INTERVAL_PP_PER_DOUBLING, NetworkUsed, project_report
 from core.scaling import RunPoint, build_report
-from core.step_model import Workload, collectives, expected_max_normal, solve_compute, step_time, unit_bytes
+from core.step_model import (
+    Workload,
+    collectives,
+    expected_max_exponential,
+    expected_max_normal,
+    solve_compute,
+    step_time,
+    unit_bytes,
+)
 
 H100 = Network(platform="h100-hgx", nic="ib-400g")
 TORCHTITAN = {"eager": ("bf16", 5762, 5605, 97.28), "compile": ("bf16", 6667, 6514, 97.71),
@@ -158,6 +166,17 @@ def test_fp8_all_gather_halves_the_all_gather_bytes():
 def test_straggler_term_and_solver():
     assert expected_max_normal(1) == 0 and expected_max_normal(8) == pytest.approx(1.42, abs=0.02)
     assert expected_max_normal(128) == pytest.approx(2.58, abs=0.03)  # tables of normal order statistics
+    assert expected_max_exponential(1) == 0 and expected_max_exponential(8) == pytest.approx(1.7179, abs=1e-4)
+    exact = sum(1 / k for k in range(2, 1001))  # H_1000 - 1; the asymptotic form past 64
+    assert expected_max_exponential(1000) == pytest.approx(exact, abs=1e-8)
+    assert expected_max_exponential(65) == pytest.approx(sum(1 / k for k in range(2, 66)), abs=1e-8)
+    straggler = {tail: step_time(workload(), H100.model_copy(update={"straggler_tail": tail}), 128, 8, 1000.0)
+                 for tail in ("exponential", "normal")}
+    assert H100.straggler_tail == "exponential"
+    assert straggler["exponential"].straggler_ms == pytest.approx(1000 * H100.device_speed_cv * (exact_128 := sum(
+        1 / k for k in range(2, 129))), rel=1e-6)
+    assert straggler["normal"].straggler_ms == pytest.approx(1000 * H100.device_speed_cv * expected_max_normal(128))
+    assert exact_128 > expected_max_normal(128)  # the exponential tail lies further out
     w = workload()
     c = solve_compute(2457.5, lambda x: step_time(w, H100, 8, 8, x).step_ms)
     assert step_time(w, H100, 8, 8, c).step_ms == pytest.approx(2457.5, rel=1e-9)
@@ -203,6 +222,7 @@ def test_calibration_recovers_the_factors_that_generated_the_points():
     assert cal.fitted and cal.num_points == 3 and cal.rms_rel_error_after < cal.rms_rel_error_before
     assert cal.rms_rel_error_after < 2e-3
     assert cal.parameters["device_speed_cv"] == pytest.approx(0.03, abs=0.005)
+    assert cal.parameters["inter_node_efficiency"] == pytest.approx(0.3, abs=0.01)
     assert pts(report)[1024].tokens_per_sec == pytest.approx(pts(projected(runs({8: 6000.0}), [1024], net=truth))[
         1024].tokens_per_sec, rel=0.02)
     alone = projected(runs({8: 6000.0}), [64], calibrate=True).series[0].calibration

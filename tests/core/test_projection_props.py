@@ -20,7 +20,7 @@ from core.network import Network
 from core.plan import build_plan, parse_token_count, plan_counts
 from core.projection import NetworkUsed, interval_half_width, project_report, projected_efficiency
 from core.scaling import RunPoint, build_report
-from core.step_model import Workload, expected_max_normal, solve_compute, step_time
+from core.step_model import Workload, expected_max_exponential, expected_max_normal, solve_compute, step_time
 
 H100 = Network(platform="h100-hgx", nic="ib-400g")
 MAX_N = 1 << 20  # the API's largest device count (api.projection_schemas.MAX_NUM_DEVICES)
@@ -93,6 +93,8 @@ def test_solve_compute_returns_a_compute_within_the_target(target, slope, offset
 def test_order_statistic_and_interval_are_finite_and_grow(n, n0):
     assert 0.0 <= expected_max_normal(n) < 6
     assert expected_max_normal(n) <= expected_max_normal(min(n + 1, MAX_N)) + 1e-12
+    assert 0.0 <= expected_max_exponential(n) < 14  # H_(2^20) - 1 = 13.5
+    assert expected_max_exponential(n) <= expected_max_exponential(min(n + 1, MAX_N)) + 1e-12
     h = interval_half_width(n, n0)
     assert math.isfinite(h) and h >= 0 and (h == 0) == (n == n0)
     assert interval_half_width(2 * n, n) > interval_half_width(n + 1, n) or n == 1
