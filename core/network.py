@@ -27,13 +27,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# Constants of the model fitted to published scaling results (bench/published/: 20 series, 7 sources, both
+# Constants of the model fitted to published scaling results (bench/published/: 23 series, 7 sources, both
 # vendors), by bench/projection_validation.py (bench/results/2026-12-04-projection-validation.md): a grid search
 # minimising the mean absolute miss of E(N) projected from each series' smallest N. Out of sample (leave one source
-# out) the shipped model misses by 1.48 pp on average over series; with a normal instead of an exponential straggler
-# tail 1.56, with the collective share 1.56, with one efficiency for both links 1.63, without the straggler term
-# 1.74. The three AMD series (MI250, MI250X, MI325X) miss by +0.4, +0.9 to +9.1 (a pipelined 175B at up to 2,048
-# GCDs) and -1.8 pp, no pattern apart from NVIDIA's: the same values serve both vendors.
+# out) the shipped model misses by 1.45 pp on average over series; with the collective share 1.43 (within 0.05 pp,
+# with one constant more), with a normal instead of an exponential straggler tail 1.53, without the straggler term
+# 1.52, with one efficiency for both links 1.57. The three AMD series (MI250, MI250X, MI325X) miss by +0.4, +0.9 to
+# +9.1 (a pipelined 175B at up to 2,048 GCDs) and -1.8 pp, no pattern apart from NVIDIA's: the same values serve
+# both vendors.
 # - INTRA_NODE_EFFICIENCY, INTER_NODE_EFFICIENCY: achieved / nominal bus bandwidth of a ring inside a node
 #   (NVLink / Infinity Fabric) and across nodes (the NICs); 0.75 and 0.85 fitted, near what nccl-tests measures.
 # - DEVICE_SPEED_CV, STRAGGLER_TAIL: device-to-device speed spread (std / mean) and the shape of its slow tail; the
