@@ -40,6 +40,7 @@ import itertools
 import json
 import math
 import os
+import platform
 import statistics
 import sys
 import time
@@ -313,6 +314,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Projection validation: leave-one-source-out on published scaling results ({report['date']})", "",
         "```", report["command"], "```", "",
+        f"CPU only: Python {report['python']}, {report['workers']} processes, {report['wall_s']} s. The result is "
+        "deterministic (grid searches over published figures).", "",
         f"{report['num_series']} series from {report['num_sources']} independent sources "
         f"({', '.join(report['sources'])}; vendors: {', '.join(report['vendors'])}); {chosen['num_points']} "
         "published points beyond each series' N0. Every series is projected from its smallest published N alone "
@@ -393,7 +396,7 @@ def main() -> None:
         "shipped_constants": constants, "shipped_in_sample_series_mean_abs_miss_pp": in_sample,
         "shipped_interval_pp_per_doubling": variants[shipped]["interval_pp_per_doubling"],
         "largest_validated_num_devices": max(max(s.points) for s in series),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "wall_s": round(time.perf_counter() - t0, 1), "workers": args.workers, "python": platform.python_version(),
     }
     out = REPO / args.out
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
