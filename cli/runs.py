@@ -34,6 +34,11 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 _STEP_RE = re.compile(r"step (\d+)/(\d+)")
 
 
+def utc_time(value: str | None, missing: str = "-") -> str:
+    """An API timestamp (ISO 8601, UTC) as 'YYYY-MM-DD HH:MM:SS'; `missing` when there is none."""
+    return value.replace("T", " ")[:19] if value else missing
+
+
 def cli_errors(fn: Callable) -> Callable:
     """CliError -> its message on stderr, exit code 1."""
     @functools.wraps(fn)
@@ -181,7 +186,7 @@ def register(app: typer.Typer) -> None:
                 e["status"],
                 str(e["num_runs"]),
                 f"{e['progress']:.0%}",
-                e["created_at"][:19].replace("T", " "),
+                utc_time(e["created_at"]),
             )
         console.print(table)
 

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from cli.client import ApiClient
-from cli.runs import ServerOpt, TokenOpt, cli_errors, console
+from cli.runs import ServerOpt, TokenOpt, cli_errors, console, utc_time
 from cli.stack import create_local_token
 
 app = typer.Typer(help="API tokens (writes need `Authorization: Bearer <token>`).", no_args_is_help=True)
@@ -31,10 +31,6 @@ def create(name: Annotated[str, typer.Option(help="A label for the token (who or
     typer.echo(token)  # the only output on stdout, so that `TOKEN=$(scalebench token create)` works
 
 
-def _when(value: str | None) -> str:
-    return value.replace("T", " ")[:19] if value else "never"
-
-
 @app.command("list")
 @cli_errors
 def list_tokens(server: ServerOpt = None, token: TokenOpt = None) -> None:
@@ -43,8 +39,8 @@ def list_tokens(server: ServerOpt = None, token: TokenOpt = None) -> None:
         rows = client.get("/tokens")
     table = Table("id", "name", "prefix", "created (UTC)", "last used (UTC)")
     for r in rows:
-        table.add_row(str(r["id"]), r["name"], f"{r['prefix']}…" if r["prefix"] else "-", _when(r["created_at"]),
-                      _when(r["last_used_at"]))
+        table.add_row(str(r["id"]), r["name"], f"{r['prefix']}…" if r["prefix"] else "-", utc_time(r["created_at"]),
+                      utc_time(r["last_used_at"], "never"))
     console.print(table)
 
 

@@ -11,16 +11,12 @@ import typer
 from rich.table import Table
 
 from cli.client import ApiClient
-from cli.runs import ServerOpt, TokenOpt, cli_errors, console
+from cli.runs import ServerOpt, TokenOpt, cli_errors, console, utc_time
 
 app = typer.Typer(help="Webhooks: a signed JSON POST on regression events.", no_args_is_help=True)
 WebhookIdArg = Annotated[int, typer.Argument(help="Webhook id (from `scalebench webhook list`).")]
 EVENTS = ("regression.suspected", "regression.confirmed", "regression.failed", "regression.recovered",
           "regression.improved")
-
-
-def _when(value: str | None) -> str:
-    return value.replace("T", " ")[:19] if value else "-"
 
 
 def _show(hook: dict) -> None:
@@ -53,7 +49,7 @@ def list_webhooks(server: ServerOpt = None, token: TokenOpt = None) -> None:
     table = Table("id", "url", "events", "enabled", "created (UTC)")
     for r in rows:
         table.add_row(str(r["id"]), r["url"], ", ".join(r["events"]), "yes" if r["enabled"] else "no",
-                      _when(r["created_at"]))
+                      utc_time(r["created_at"]))
     console.print(table)
 
 
@@ -105,5 +101,5 @@ def deliveries(webhook_id: WebhookIdArg,
     table = Table("id", "event", "status", "attempts", "last answer", "created (UTC)")
     for r in rows:
         answer = str(r["status_code"]) if r["status_code"] and not r["error"] else (r["error"] or "-")
-        table.add_row(str(r["id"]), r["event"], r["status"], str(r["attempt"]), answer, _when(r["created_at"]))
+        table.add_row(str(r["id"]), r["event"], r["status"], str(r["attempt"]), answer, utc_time(r["created_at"]))
     console.print(table)

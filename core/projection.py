@@ -65,8 +65,7 @@ ASSUMPTIONS = (
     "(bench/projection_validation.py)",
     f"80% interval: E +- {INTERVAL_PP_PER_DOUBLING} pp per doubling of N / N0 (from the out-of-sample misses, "
     f"calibrated per source; {INTERVAL_NESTED_COVERAGE:.0%} of the published points fell inside it when each "
-    f"source was left out; checked "
-    f"up to N = {VALIDATED_MAX_DEVICES})",
+    f"source was left out; checked up to N = {VALIDATED_MAX_DEVICES})",
 )
 
 
@@ -274,8 +273,9 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
         return Calibration(fitted=False, reason="the measured points beyond N0 and the model differ by more than "
                                                 "the float range: nothing to fit"), model
     best = (before, model, {k: getattr(model.net, k) for k in names})  # moved only by a strictly better fit
-    for _ in range(8):  # each round halves the ranges: +-2 steps of 9 around the best (one step got stuck in a
-        # valley where the two factors trade off)
+    # Each round keeps +-2 of its 8 steps around the best, halving the ranges (keeping +-1 step got stuck where the
+    # two factors trade off).
+    for _ in range(8):
         grids = {k: [lo + (hi - lo) * i / 8 for i in range(9)] for k, (lo, hi) in ranges.items()}
         combos: list[dict[str, float]] = [{}]
         for name in names:

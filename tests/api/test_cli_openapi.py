@@ -36,3 +36,10 @@ def test_openapi_has_descriptions_example_and_problem_schema():
     assert "application/problem+json" in post["responses"]["422"]["content"]
     assert {"/experiments/{experiment_id}", "/runs/{run_id}", "/runs/{run_id}/log", "/clusters", "/healthz",
             "/readyz", "/experiments/{experiment_id}/cancel", "/experiments/{experiment_id}/runs"} <= set(doc["paths"])
+
+
+def test_cli_prints_api_timestamps_to_the_second_in_utc():
+    from cli.runs import utc_time
+
+    assert utc_time("2026-12-04T06:40:37.123456+00:00") == "2026-12-04 06:40:37"
+    assert utc_time(None) == "-" and utc_time(None, "never") == "never" and utc_time("", "never") == "never"

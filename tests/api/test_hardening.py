@@ -271,6 +271,7 @@ def test_cli_token_list_and_revoke(test_settings, api_token, pg_session_factory,
         listed = runner.invoke(app, ["token", "list", "--server", url])
         assert listed.exit_code == 0, listed.output
         assert "laptop" in listed.output and other.prefix in listed.output and api_token not in listed.output
+        assert "never" in listed.output  # the laptop token was never used
         revoked = runner.invoke(app, ["token", "revoke", str(other.id), "--server", url])
         assert revoked.exit_code == 0 and "revoked token" in revoked.output, revoked.output
         assert "laptop" not in runner.invoke(app, ["token", "list", "--server", url]).output
