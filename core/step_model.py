@@ -255,7 +255,8 @@ def step_time(w: Workload, net: Network, n: int, gpus_per_node: int, compute_ms:
     layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]
     exposed = head_tail + tp_ms + sum(k * e for k, _, e, _ in layers)
     total_comm = head_tail + tp_ms + sum(k * x for k, x, _ in blocks)
-    step = root_ms + sum(k * t for k, t, _, _ in layers) + head_tail + tp_ms + optimizer_ms + idle_ms
+    # summed in the order of `exposed` (each layer's time >= its exposed part), so step >= exposed after rounding
+    step = head_tail + tp_ms + sum(k * t for k, t, _, _ in layers) + root_ms + optimizer_ms + idle_ms
     return StepParts(step_ms=step, compute_ms=compute_ms, straggler_ms=compute_ms * (straggle - 1),
                      communication_ms=total_comm, exposed_communication_ms=exposed,
                      hidden_communication_ms=total_comm - exposed, interference_ms=sum(k * i for k, _, _, i in layers),
