@@ -26,8 +26,13 @@ new user resembles (a new cluster, a new stack): each source's score is the 80th
 |miss| / log2(N / N0), and q is the split-conformal 80% quantile of the sources' scores (the ceil(0.8 (K + 1))-th
 smallest of K, the largest when K < 5). Its coverage is checked nested: each source's points against the q of
 the other sources' scores, counted per point and per source. Ablations drop a term (its constant fixed at 0, or
-the two link efficiencies tied) and repeat the whole procedure; the shipped model is the variant with the fewest
-constants whose out-of-sample mean miss is within 0.05 pp of the best.
+the two link efficiencies tied, or a set of constants per vendor, each fitted on that vendor's series only) and
+repeat the whole procedure; the shipped model is the variant with the fewest constants whose out-of-sample mean
+miss is within 0.05 pp of the best.
+
+Besides, `monotone_floor` computes from the published figures alone (no model evaluated) how far any model of a
+wide family must miss: one in which E does not rise with N and, of two series of one table, the one that moves more
+parameters per FLOP in a step no longer than the other's loses at least as much.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ GRID = {
     "straggler_tail_exponential": [1.0],  # the form, not a fitted constant: 1 exponential tail, 0 normal
 }
 INTERVAL_COVERAGE = 0.8
+VENDORS = ("amd", "nvidia")
 TIED = "inter_node_efficiency"  # a tied variant fits one link efficiency: inter = intra
 
 
@@ -76,10 +82,12 @@ TIED = "inter_node_efficiency"  # a tied variant fits one link efficiency: inter
 class Variant:
     zero: tuple[str, ...] = ()  # constants held at 0
     tied: bool = False  # one link efficiency for intra- and inter-node
+    per_vendor: bool = False  # one set of constants per vendor, each fitted on that vendor's series only
 
     @property
     def num_constants(self) -> int:
-        return sum(len(v) > 1 and k not in self.zero for k, v in GRID.items()) - self.tied
+        per_set = sum(len(v) > 1 and k not in self.zero for k, v in GRID.items()) - self.tied
+        return per_set * (len(VENDORS) if self.per_vendor else 1)
 
 
 VARIANTS = {
@@ -87,6 +95,7 @@ VARIANTS = {
     "one link efficiency (intra = inter)": Variant(tied=True),
     "no collective share (collective_units = 0)": Variant(zero=("collective_units",)),
     "no collective share, normal straggler tail": Variant(zero=("collective_units", "straggler_tail_exponential")),
+    "no collective share, constants per vendor": Variant(zero=("collective_units",), per_vendor=True),
     "no straggler term (device_speed_cv = 0)": Variant(zero=("device_speed_cv",)),
     "neither term, one link efficiency": Variant(zero=("collective_units", "device_speed_cv"), tied=True),
 }
@@ -236,25 +245,38 @@ def conformal_quantile(scores: list[float], level: float = INTERVAL_COVERAGE) ->
     return xs[min(math.ceil(level * (len(xs) + 1)), len(xs)) - 1] if xs else 0.0
 
 
-def _fit_without(args: tuple[list[Published], Variant, str | None]) -> dict[str, float]:
-    series, variant, held_out = args
-    return fit([s for s in series if s.source != held_out], variant)[0]
+def _fit_without(args: tuple[list[Published], Variant, str | None, str | None]) -> dict[str, float]:
+    """Constants fitted on the series outside the held-out source (of one vendor, when given and it has any)."""
+    series, variant, held_out, vendor = args
+    kept = [s for s in series if s.source != held_out]
+    of_vendor = [s for s in kept if s.vendor == vendor]
+    return fit(of_vendor or kept, variant)[0]
+
+
+def constants_for(s: Published, variant: Variant, fitted: dict) -> dict[str, float]:
+    """One fold's constants for series s: {vendor: constants} for a per-vendor variant, else the one set."""
+    return fitted[s.vendor] if variant.per_vendor else fitted
 
 
 def fits_per_fold(series: list[Published], variants: dict[str, Variant], workers: int = 1) -> dict:
     """{variant: {held-out source: constants}}, plus {variant: {None: constants fitted on all}}: every fit of the
-    evaluation, in `workers` processes (the grid search is the run's whole cost)."""
+    evaluation, in `workers` processes (the grid search is the run's whole cost). A per-vendor variant's constants
+    are {vendor: constants}."""
     sources = sorted({s.source for s in series})
-    jobs = [(name, src) for name in variants for src in [*sources, None]]
-    args = [(series, variants[name], src) for name, src in jobs]
+    jobs = [(name, src, vendor) for name, v in variants.items() for src in [*sources, None]
+            for vendor in (VENDORS if v.per_vendor else (None,))]
+    args = [(series, variants[name], src, vendor) for name, src, vendor in jobs]
     if workers > 1:
         with concurrent.futures.ProcessPoolExecutor(workers) as pool:
             results = list(pool.map(_fit_without, args))
     else:
         results = [_fit_without(a) for a in args]
     out: dict[str, dict] = {name: {} for name in variants}
-    for (name, src), constants in zip(jobs, results, strict=True):
-        out[name][src] = constants
+    for (name, src, vendor), constants in zip(jobs, results, strict=True):
+        if vendor is None:
+            out[name][src] = constants
+        else:
+            out[name].setdefault(src, {})[vendor] = constants
     return out
 
 
@@ -264,11 +286,11 @@ def leave_one_source_out(series: list[Published], variant: Variant = Variant(),
     fits_per_fold gives them) or fitted here."""
     sources = sorted({s.source for s in series})
     rows = []
-    fitted = {src: (fitted or {}).get(src) or _fit_without((series, variant, src)) for src in sources}
+    if fitted is None or any(src not in fitted for src in sources):
+        fitted = fits_per_fold(series, {"": variant})[""]
     for src in sources:
-        constants = fitted[src]
         for s in (s for s in series if s.source == src):
-            pub, proj = s.published_efficiency(), project(s, constants)
+            pub, proj = s.published_efficiency(), project(s, constants_for(s, variant, fitted[src]))
             for n in sorted(s.points):
                 if n == s.n0:
                     continue
@@ -307,6 +329,64 @@ def leave_one_source_out(series: list[Published], variant: Variant = Variant(),
         "sources_mostly_covered": sum(sum(v) / len(v) >= INTERVAL_COVERAGE for v in per_source_inside.values()),
         "num_points": len(rows),
     }
+
+
+def _table_key(s: Published) -> tuple:
+    w = s.workload
+    return (s.source, w.layout, w.precision, w.scaling, w.seq_len, s.gpus_per_node, s.pipeline_stages,
+            json.dumps(s.network, sort_keys=True))
+
+
+def _micro_step_s(s: Published, n: int) -> float:
+    """Published seconds per micro-batch step at N: the tokens a device computes per step over its tokens/s."""
+    return s.workload.tokens_per_step(n) / n / s.points[n]
+
+
+def _params_per_flop(s: Published) -> float:
+    """Parameters an FSDP / DDP step moves per FLOP it computes (bytes per FLOP up to the precision's width)."""
+    shape, w = s.workload.model_shape(), s.workload
+    return shape.num_params() / (w.tokens_per_step(s.n0) / s.n0 * shape.flops_per_token(w.seq_len))
+
+
+def monotone_floor(series: list[Published]) -> list[dict]:
+    """What any model of a wide family must miss, from the published figures alone (no model is evaluated).
+
+    The family: (i) E does not rise with N; (ii) of two weak-scaling series of one table (one source, layout,
+    precision, sequence length and network), the one that moves at least as many parameters per FLOP in a step no
+    longer than the other's loses at least as much from a common N to a larger one (communication has less compute
+    to hide behind, and the straggler wait is the same share of the step). Series A (N0 = a) and B (N0 = m >= a,
+    with m among A's points) at a shared N: a model of the family projects E_A(N) <= E_A(N) / E_A(m) <= E_B(N), so
+    one of the two misses by at least (published E_A(N) - published E_B(N)) / 2 when that is positive. Likewise
+    (i) alone, within one series: a published rise of E from N_i to N_j costs at least half of it (all of it when
+    N_i is N0, where E is 1 by definition). Rows sorted by the floor, largest first."""
+    rows = []
+    for a in series:
+        pub_a = a.published_efficiency()
+        ns = sorted(pub_a)
+        for i, ni in enumerate(ns):
+            for nj in ns[i + 1:]:
+                rise = pub_a[nj] - pub_a[ni]
+                if rise > 0:
+                    floor = rise if ni == a.n0 else rise / 2
+                    rows.append({"kind": "rise within a series", "series": [a.id], "num_devices": nj,
+                                 "from_num_devices": ni, "floor_pp": 100 * floor})
+        if a.workload.scaling != "weak" or a.pipeline_stages != 1:
+            continue
+        for b in series:
+            m = b.n0
+            if b is a or _table_key(b) != _table_key(a) or b.workload.scaling != "weak" or m < a.n0 \
+                    or m not in a.points or _params_per_flop(a) < _params_per_flop(b) \
+                    or _micro_step_s(a, m) > _micro_step_s(b, m):
+                continue
+            pub_b = b.published_efficiency()
+            for n in sorted(set(a.points) & set(b.points)):
+                gap = pub_a[n] - pub_b[n]
+                if n > m and gap > 0:
+                    rows.append({"kind": "two series of one table", "series": [a.id, b.id], "num_devices": n,
+                                 "from_num_devices": m, "floor_pp": 100 * gap / 2,
+                                 "params_per_flop_ratio": _params_per_flop(a) / _params_per_flop(b),
+                                 "micro_step_s": [_micro_step_s(a, m), _micro_step_s(b, m)]})
+    return sorted(rows, key=lambda r: -r["floor_pp"])
 
 
 def markdown(report: dict) -> str:
@@ -360,9 +440,27 @@ def markdown(report: dict) -> str:
     lines += [f"| interval half-width, pp per doubling of N/N0 | {report['shipped_interval_pp_per_doubling']:.2f} |",
               f"| largest validated N | {report['largest_validated_num_devices']} |", "",
               "Constants fitted per held-out source (shipped variant): "
-              + "; ".join(f"{src}: " + ", ".join(f"{k}={v:g}" for k, v in c.items())
-                          for src, c in chosen["fitted_per_held_out_source"].items()), ""]
-    return "\n".join(lines)
+              + "; ".join(f"{src}: {_constants_text(c)}" for src, c in chosen["fitted_per_held_out_source"].items()),
+              ""]
+    for name, c in report["per_vendor_constants"].items():
+        lines += [f"Variant '{name}', fitted on all sources: {_constants_text(c)}.", ""]
+    floor = report["monotone_floor"]
+    lines += ["## What any model of a wide family must miss (from the published figures alone)", "",
+              "A model in which E does not rise with N, and in which, of two weak-scaling series of one table, the one "
+              "that moves at least as many parameters per FLOP in a step no longer than the other's loses at least as "
+              "much, misses one of each pair below by at least the floor (half the published gap; a rise of E within "
+              "a series costs half of it, all of it from N0). Largest floor up to 128 GPUs: "
+              f"**{report['monotone_floor_up_to_128_pp']:.2f} pp**.", "",
+              "| kind | series | from N | at N | floor, pp |", "| --- | --- | --- | --- | --- |"]
+    for r in floor[:8]:
+        lines.append(f"| {r['kind']} | {' vs '.join(r['series'])} | {r['from_num_devices']} | {r['num_devices']} | "
+                     f"{r['floor_pp']:.2f} |")
+    return "\n".join(lines + [""])
+
+
+def _constants_text(c: dict) -> str:
+    """k=v, ...; a per-vendor set as vendor: (k=v, ...)."""
+    return ", ".join(f"{k}: ({_constants_text(v)})" if isinstance(v, dict) else f"{k}={v:g}" for k, v in c.items())
 
 
 def main() -> None:
@@ -383,6 +481,7 @@ def main() -> None:
     reason = ("the variant with the fewest constants within 0.05 pp of the lowest out-of-sample mean miss "
               f"({best:.2f} pp over series)")
     constants = fitted[shipped][None]
+    floor = monotone_floor(series)
     in_sample = loss(series, constants)
     report = {
         "date": f"{dt.date.today():%Y-%m-%d}",
@@ -396,6 +495,9 @@ def main() -> None:
         "shipped_constants": constants, "shipped_in_sample_series_mean_abs_miss_pp": in_sample,
         "shipped_interval_pp_per_doubling": variants[shipped]["interval_pp_per_doubling"],
         "largest_validated_num_devices": max(max(s.points) for s in series),
+        "per_vendor_constants": {name: fitted[name][None] for name, v in VARIANTS.items() if v.per_vendor},
+        "monotone_floor": floor,
+        "monotone_floor_up_to_128_pp": max((r["floor_pp"] for r in floor if r["num_devices"] <= 128), default=0.0),
         "wall_s": round(time.perf_counter() - t0, 1), "workers": args.workers, "python": platform.python_version(),
     }
     out = REPO / args.out
