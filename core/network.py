@@ -27,33 +27,34 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# Constants of the model fitted to published scaling results (bench/published/: 23 series, 7 sources, both
+# Constants of the model fitted to published scaling results (bench/published/: 24 series, 8 sources, both
 # vendors), by bench/projection_validation.py (bench/results/2026-12-04-projection-validation.md): a grid search
 # minimising the mean absolute miss of E(N) projected from each series' smallest N. Out of sample (leave one source
-# out) the shipped model misses by 1.45 pp on average over series; with the collective share 1.43 (within 0.05 pp,
-# with one constant more), with a normal instead of an exponential straggler tail 1.53, without the straggler term
-# 1.52, with one efficiency for both links 1.57. The three AMD series (MI250, MI250X, MI325X) miss by +0.4, +0.9 to
-# +9.1 (a pipelined 175B at up to 2,048 GCDs) and -1.8 pp, no pattern apart from NVIDIA's: the same values serve
-# both vendors.
+# out) the shipped model misses by 1.36 pp on average over series; without the collective share 1.55, with a normal
+# instead of an exponential straggler tail (and no collective share) 1.63, without the straggler term 1.59, with
+# one efficiency for both links 1.57, with a set of constants per vendor (and no collective share) 1.93 against
+# 1.55 with one set. The three AMD series (MI250, MI250X, MI325X) miss by -3.6, +0.9 to +7.2 (a pipelined 175B at
+# up to 2,048 GCDs) and -0.8 pp, no pattern apart from NVIDIA's: the same values serve both vendors.
 # - INTRA_NODE_EFFICIENCY, INTER_NODE_EFFICIENCY: achieved / nominal bus bandwidth of a ring inside a node
-#   (NVLink / Infinity Fabric) and across nodes (the NICs); 0.75 and 0.85 fitted, near what nccl-tests measures.
+#   (NVLink / Infinity Fabric) and across nodes (the NICs); 0.85 and 1.0 fitted (1.0 is the top of the search: with
+#   the collective share on, the time a collective takes from the compute beside it carries the loss).
 # - DEVICE_SPEED_CV, STRAGGLER_TAIL: device-to-device speed spread (std / mean) and the shape of its slow tail; the
-#   step waits for the slowest of N devices. 0.01 with an exponential tail fitted (the slowest of N lies H_N - 1
+#   step waits for the slowest of N devices. 0.005 with an exponential tail fitted (the slowest of N lies H_N - 1
 #   standard deviations behind the mean); Sinha et al., SC22, report an 8% average variation across GPUs.
 # - COLLECTIVE_UNITS: compute units a running collective takes from the compute it overlaps (NCCL's all-gather
-#   launches 24 blocks on an H100). Fitted as 64 while one efficiency served both links; once the intra-node link
-#   has its own, the term no longer lowers the out-of-sample miss, so it is off by default (0). A cluster's network
-#   table may still set collective_sm_fraction.
-COLLECTIVE_UNITS = 0.0
-INTRA_NODE_EFFICIENCY = 0.75
-INTER_NODE_EFFICIENCY = 0.85
-DEVICE_SPEED_CV = 0.01
+#   launches 24 blocks on an H100; its kernels also share the memory bandwidth); 64 fitted. On the 23 series before
+#   the HSDP series of MaxText joined the set it lowered the out-of-sample miss by only 0.02 pp and was off; with it,
+#   by 0.19 pp, and by 0.15 pp on those 23 series alone. A cluster's network table may set collective_sm_fraction.
+COLLECTIVE_UNITS = 64.0
+INTRA_NODE_EFFICIENCY = 0.85
+INTER_NODE_EFFICIENCY = 1.0
+DEVICE_SPEED_CV = 0.005
 STRAGGLER_TAIL = "exponential"
 # SMs (NVIDIA) / CUs (AMD) per device, vendor datasheets.
 COMPUTE_UNITS = {"h100-hgx": 132, "h200-hgx": 132, "b200-hgx": 148, "mi300x-platform": 304,
                  "mi325x-platform": 304, "mi355x-platform": 256}
 # Node platforms: per-GPU intra-node bandwidth per direction (GB/s), from the vendors' datasheets, and the share of
-# compute units a running collective takes (COLLECTIVE_UNITS of the device's SMs or CUs; 0 by default).
+# compute units a running collective takes (COLLECTIVE_UNITS of the device's SMs or CUs).
 INTRA_NODE_GB_PER_S: dict[str, float] = {
     # NVIDIA H100 SXM / HGX H100: NVLink 4, 18 links, 900 GB/s bidirectional per GPU through NVSwitch.
     "h100-hgx": 450.0,
@@ -110,8 +111,7 @@ class Network(BaseModel):
     collective_sm_fraction: float = Field(
         COLLECTIVE_UNITS / COMPUTE_UNITS["h100-hgx"], ge=0, lt=1,
         description="Share of the device's compute units a running collective occupies: compute overlapped with "
-                    "communication runs this much slower (0 by default: the term did not lower the out-of-sample "
-                    "miss on published results).")
+                    "communication runs this much slower (fitted on published results, bench/published).")
     device_speed_cv: float = Field(
         DEVICE_SPEED_CV, ge=0, lt=0.5,
         description="Spread (std / mean) of device speed across same-SKU devices; a step waits for the slowest of "

@@ -30,6 +30,7 @@ def test_the_published_set_covers_sources_vendors_layouts_and_scale():
     assert {s.vendor for s in series} == {"nvidia", "amd"}
     layouts = {s.workload.layout for s in series}
     assert {"fsdp", "ddp"} <= layouts and any(lay.startswith("tp=") for lay in layouts)
+    assert any(lay.startswith("hsdp:") for lay in layouts)
     assert max(max(s.points) for s in series) > 512
     for path in sorted((REPO / "bench" / "published").glob("*.json")):
         doc = json.loads(path.read_text())
@@ -96,6 +97,44 @@ def test_the_shipped_constants_are_the_recorded_fit():
     coverage = report["variants"][report["shipped_variant"]]["nested_coverage"]
     assert math.isclose(projection.INTERVAL_NESTED_COVERAGE, coverage, abs_tol=5e-3)
     assert report["largest_validated_num_devices"] == projection.VALIDATED_MAX_DEVICES
+    floor = [r["floor_pp"] for r in pv.monotone_floor(pv.load_published()) if r["num_devices"] <= 128]
+    assert report["monotone_floor_up_to_128_pp"] == pytest.approx(max(floor))  # the recorded run saw these files
     assert report["num_sources"] >= 5 and report["vendors"] == ["amd", "nvidia"]
     best = min(v["series_mean_abs_miss_pp"] for v in report["variants"].values())
     assert report["variants"][report["shipped_variant"]]["series_mean_abs_miss_pp"] <= best + 0.05
+
+
+def test_the_monotone_floor_pairs_series_of_one_table_and_rises_within_a_series():
+    by_id = {s.id: s for s in pv.load_published()}
+    big, small = by_id["mosaicml-h100-mpt13b-fsdp-8-64"], by_id["mosaicml-h100-mpt1b-fsdp-16-64"]
+    rows = [r for r in pv.monotone_floor([big, small]) if r["kind"] == "two series of one table"]
+    # the 13B moves 10x the parameters per FLOP in a shorter step, yet stays flat while the 1B loses 3.5%
+    at64 = next(r for r in rows if r["num_devices"] == 64)
+    assert at64["series"] == [big.id, small.id] and at64["from_num_devices"] == 16
+    assert at64["floor_pp"] == pytest.approx(50 * (4800 / 4792 - 44402 / 46037))
+    assert at64["params_per_flop_ratio"] > 9 and at64["micro_step_s"][0] < at64["micro_step_s"][1]
+    slower = pv.dataclasses.replace(big, points={n: 0.8 * x for n, x in big.points.items()})  # a longer step: no claim
+    assert not [r for r in pv.monotone_floor([slower, small]) if r["kind"] == "two series of one table"]
+    other_net = pv.dataclasses.replace(big, network=big.network | {"nic": "roce-200g"})  # not one table
+    assert not [r for r in pv.monotone_floor([other_net, small]) if r["kind"] == "two series of one table"]
+    wobbly = pv.dataclasses.replace(small, points={16: 100.0, 32: 101.0, 64: 99.0, 128: 100.0})
+    rises = {(r["from_num_devices"], r["num_devices"]): r["floor_pp"] for r in pv.monotone_floor([wobbly])}
+    assert rises[(16, 32)] == pytest.approx(1.0)  # from N0, where E is 1 by definition: all of the rise
+    assert rises[(64, 128)] == pytest.approx(0.5)  # elsewhere half: the model may split the difference
+    assert (16, 64) not in rises and (32, 64) not in rises
+
+
+def test_a_per_vendor_variant_fits_each_vendor_on_its_own_series():
+    series = [s for s in pv.load_published() if s.source in ("trainy", "amd-rocm", "torchtitan")]
+    variant = pv.Variant(zero=("collective_units", "device_speed_cv"), tied=True, per_vendor=True)
+    assert variant.num_constants == 2  # one link efficiency per vendor
+    fitted = pv.fits_per_fold(series, {"v": variant})["v"]
+    assert set(fitted["trainy"]) == {"amd", "nvidia"}
+    nvidia_only = [s for s in series if s.vendor == "nvidia" and s.source != "trainy"]
+    assert fitted["trainy"]["nvidia"] == pv.fit(nvidia_only, variant)[0]
+    # with amd-rocm held out no AMD series is left: that fold's AMD constants come from all the other series
+    assert fitted["amd-rocm"]["amd"] == pv.fit([s for s in series if s.source != "amd-rocm"], variant)[0]
+    (mi325x,) = [s for s in series if s.vendor == "amd"]
+    assert pv.constants_for(mi325x, variant, fitted["trainy"]) is fitted["trainy"]["amd"]
+    report = pv.leave_one_source_out(series, variant, fitted)
+    assert report["fitted_per_held_out_source"] is fitted and report["num_points"] == 5
