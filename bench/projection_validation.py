@@ -249,8 +249,9 @@ def _fit_without(args: tuple[list[Published], Variant, str | None, str | None]) 
     """Constants fitted on the series outside the held-out source (of one vendor, when given and it has any)."""
     series, variant, held_out, vendor = args
     kept = [s for s in series if s.source != held_out]
-    of_vendor = [s for s in kept if s.vendor == vendor]
-    return fit(of_vendor or kept, variant)[0]
+    if vendor is not None:
+        kept = [s for s in kept if s.vendor == vendor] or kept  # none of the vendor's left: all the others
+    return fit(kept, variant)[0]
 
 
 def constants_for(s: Published, variant: Variant, fitted: dict) -> dict[str, float]:
@@ -374,9 +375,8 @@ def monotone_floor(series: list[Published]) -> list[dict]:
             continue
         for b in series:
             m = b.n0
-            if b is a or _table_key(b) != _table_key(a) or b.workload.scaling != "weak" or m < a.n0 \
-                    or m not in a.points or _params_per_flop(a) < _params_per_flop(b) \
-                    or _micro_step_s(a, m) > _micro_step_s(b, m):
+            if b is a or _table_key(b) != _table_key(a) or m < a.n0 or m not in a.points \
+                    or _params_per_flop(a) < _params_per_flop(b) or _micro_step_s(a, m) > _micro_step_s(b, m):
                 continue
             pub_b = b.published_efficiency()
             for n in sorted(set(a.points) & set(b.points)):

@@ -115,7 +115,7 @@ def test_the_monotone_floor_pairs_series_of_one_table_and_rises_within_a_series(
     assert at64["params_per_flop_ratio"] > 9 and at64["micro_step_s"][0] < at64["micro_step_s"][1]
     slower = pv.dataclasses.replace(big, points={n: 0.8 * x for n, x in big.points.items()})  # a longer step: no claim
     assert not [r for r in pv.monotone_floor([slower, small]) if r["kind"] == "two series of one table"]
-    other_net = pv.dataclasses.replace(big, network=big.network | {"nic": "roce-200g"})  # not one table
+    other_net = pv.dataclasses.replace(big, network=big.network | {"nic_gbit_per_s": 200.0})  # not one table
     assert not [r for r in pv.monotone_floor([other_net, small]) if r["kind"] == "two series of one table"]
     wobbly = pv.dataclasses.replace(small, points={16: 100.0, 32: 101.0, 64: 99.0, 128: 100.0})
     rises = {(r["from_num_devices"], r["num_devices"]): r["floor_pp"] for r in pv.monotone_floor([wobbly])}
