@@ -440,7 +440,8 @@ def markdown(report: dict) -> str:
     lines += [f"| interval half-width, pp per doubling of N/N0 | {report['shipped_interval_pp_per_doubling']:.2f} |",
               f"| largest validated N | {report['largest_validated_num_devices']} |", "",
               "Constants fitted per held-out source (shipped variant): "
-              + "; ".join(f"{src}: {_constants_text(c)}" for src, c in chosen["fitted_per_held_out_source"].items()),
+              + "; ".join(f"{src}: {_constants_text(c)}"
+                          for src, c in chosen["fitted_per_held_out_source"].items() if src is not None),
               ""]
     for name, c in report["per_vendor_constants"].items():
         lines += [f"Variant '{name}', fitted on all sources: {_constants_text(c)}.", ""]
