@@ -97,6 +97,9 @@ def test_the_shipped_constants_are_the_recorded_fit():
     coverage = report["variants"][report["shipped_variant"]]["nested_coverage"]
     assert math.isclose(projection.INTERVAL_NESTED_COVERAGE, coverage, abs_tol=5e-3)
     assert report["largest_validated_num_devices"] == projection.VALIDATED_MAX_DEVICES
+    assert (report["num_series"], report["num_sources"]) == (projection.VALIDATED_SERIES, projection.VALIDATED_SOURCES)
+    series_miss = report["variants"][report["shipped_variant"]]["series_mean_abs_miss_pp"]
+    assert math.isclose(projection.VALIDATION_MEAN_MISS_PP, series_miss, abs_tol=5e-3)
     floor = [r["floor_pp"] for r in pv.monotone_floor(pv.load_published()) if r["num_devices"] <= 128]
     assert report["monotone_floor_up_to_128_pp"] == pytest.approx(max(floor))  # the recorded run saw these files
     assert report["num_sources"] >= 5 and report["vendors"] == ["amd", "nvidia"]

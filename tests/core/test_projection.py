@@ -5,8 +5,8 @@ The published table (torchtitan docs/performance.md, the version of 2024-12; tes
 Llama 3.1 8B, 1D FSDP, H100 (Grand Teton hosts, 8 GPUs and 400 Gbit/s per GPU across nodes), seq 8192,
 local batch 2, activation checkpointing, tokens/s per GPU at 8 -> 128 GPUs: eager 5,762 -> 5,605, compile
 6,667 -> 6,514, compile + Float8 (tensorwise, fp8 all-gather) 8,532 -> 8,380, i.e. E(128) = 97.28 / 97.71 /
-98.22%. The model's constants come from datasheets, NCCL's tuning model and a fit to 16 published series of
-which this table is one (bench/published/, bench/projection_validation.py).
+98.22%. The model's constants come from datasheets, NCCL's tuning model and a fit to 24 published series of
+8 sources, of which this table is one (bench/published/, bench/projection_validation.py).
 """
 
 import math
