@@ -24,7 +24,7 @@ series are projected with them. Those out-of-sample misses give the error the pr
 prediction interval, half-width = q x log2(N / N0) pp. q is calibrated at two levels, sources being the unit a
 new user resembles (a new cluster, a new stack): each source's score is the 80th percentile of its points'
 |miss| / log2(N / N0), and q is the split-conformal 80% quantile of the sources' scores (the ceil(0.8 (K + 1))-th
-smallest of K, the largest when K < 5). Its coverage is checked nested: each source's points against the q of
+smallest of K, the largest when K < 9). Its coverage is checked nested: each source's points against the q of
 the other sources' scores, counted per point and per source. Ablations drop a term (its constant fixed at 0, or
 the two link efficiencies tied, or a set of constants per vendor, each fitted on that vendor's series only) and
 repeat the whole procedure; the shipped model is the variant with the fewest constants whose out-of-sample mean
