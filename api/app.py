@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI
 
+from api.caches import make_caches
 from api.problems import install_problem_handlers
 from api.routers import (
     analysis,
@@ -30,7 +31,7 @@ from api.routers import (
     tokens,
     webhooks,
 )
-from core.clusters import load_clusters
+from core.contracts.clusters import load_clusters
 from core.settings import Settings
 from db.session import make_engine, make_session_factory
 from worker.queue import make_celery
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.read_session_factory = make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))
         app.state.celery = make_celery(s)
         app.state.clusters = load_clusters(s.clusters_file)
+        app.state.caches = make_caches(s)
         try:
             yield
         finally:

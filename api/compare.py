@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from core.scaling import ScalingReport, Series
+from core.analysis.scaling import ScalingReport, Series
 
 
 class CompareExperiment(BaseModel):
@@ -64,18 +64,34 @@ def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[Compa
                 if not p.tokens_per_sec or rp is None:
                     continue
                 k = s.key
-                out.append(CompareRatio(
-                    engine=k.engine, model=k.model, num_layers=k.num_layers, precision=k.precision, layout=k.layout,
-                    scaling=k.scaling, num_devices=p.num_devices, experiment_id=other.id, cluster=k.cluster,
-                    reference_experiment_id=reference.id, reference_cluster=ref.key.cluster,
-                    tokens_per_sec=p.tokens_per_sec, reference_tokens_per_sec=rp.tokens_per_sec,
-                    ratio=p.tokens_per_sec / rp.tokens_per_sec, efficiency=p.efficiency,
-                    reference_efficiency=rp.efficiency))
+                out.append(
+                    CompareRatio(
+                        engine=k.engine,
+                        model=k.model,
+                        num_layers=k.num_layers,
+                        precision=k.precision,
+                        layout=k.layout,
+                        scaling=k.scaling,
+                        num_devices=p.num_devices,
+                        experiment_id=other.id,
+                        cluster=k.cluster,
+                        reference_experiment_id=reference.id,
+                        reference_cluster=ref.key.cluster,
+                        tokens_per_sec=p.tokens_per_sec,
+                        reference_tokens_per_sec=rp.tokens_per_sec,
+                        ratio=p.tokens_per_sec / rp.tokens_per_sec,
+                        efficiency=p.efficiency,
+                        reference_efficiency=rp.efficiency,
+                    )
+                )
     return out
 
 
 def compare(experiments: list[CompareExperiment]) -> CompareRead:
     assert experiments, "compare needs at least one experiment"
     ref = experiments[0]
-    return CompareRead(reference_experiment_id=ref.id, experiments=experiments,
-                       ratios=[r for other in experiments[1:] for r in ratios(ref, other)])
+    return CompareRead(
+        reference_experiment_id=ref.id,
+        experiments=experiments,
+        ratios=[r for other in experiments[1:] for r in ratios(ref, other)],
+    )

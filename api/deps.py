@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.problems import FieldError, ProblemError
-from core.clusters import Cluster
+from core.contracts.clusters import Cluster
 from core.settings import Settings
 from db.models import ApiToken
 from db.tokens import verify_token
@@ -63,8 +63,12 @@ _BEARER_HEADERS = {"WWW-Authenticate": 'Bearer realm="scalebench"'}
 
 
 def _unauthorized(message: str) -> ProblemError:
-    return ProblemError(401, message, [FieldError(field="header.Authorization", message=message,
-                                                  allowed=["Bearer <token>"])], headers=_BEARER_HEADERS)
+    return ProblemError(
+        401,
+        message,
+        [FieldError(field="header.Authorization", message=message, allowed=["Bearer <token>"])],
+        headers=_BEARER_HEADERS,
+    )
 
 
 def _check_bearer(session: Session, authorization: str | None) -> ApiToken:
@@ -88,16 +92,21 @@ def authenticate(request: Request) -> ApiToken:
         return _check_bearer(session, request.headers.get("authorization"))
 
 
-def require_token(request: Request, session: SessionDep,
-                  authorization: Annotated[str | None, Header(description="Bearer <token>")] = None) -> ApiToken:
+def require_token(
+    request: Request,
+    session: SessionDep,
+    authorization: Annotated[str | None, Header(description="Bearer <token>")] = None,
+) -> ApiToken:
     """Writes: a valid `Authorization: Bearer <token>` (already checked by api.guard on guarded routes)."""
     token = getattr(request.state, "token", None)
     return token if token is not None else _check_bearer(session, authorization)
 
 
-async def read_access(session: SessionDep, settings: SettingsDep,
-                      authorization: Annotated[str | None, Header(
-                          description="Bearer <token> (when reads require one)")] = None) -> ApiToken | None:
+async def read_access(
+    session: SessionDep,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header(description="Bearer <token> (when reads require one)")] = None,
+) -> ApiToken | None:
     """Reads: open unless settings.require_read_token. (Reads that show a token holder more use `reader`.)"""
     if not settings.require_read_token:
         return None
@@ -123,9 +132,11 @@ class Reader:
         return self._token is not None
 
 
-async def reader(session: SessionDep, settings: SettingsDep,
-                 authorization: Annotated[str | None, Header(
-                     description="Bearer <token> (when reads require one)")] = None) -> Reader:
+async def reader(
+    session: SessionDep,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header(description="Bearer <token> (when reads require one)")] = None,
+) -> Reader:
     """Reads that show more to a token holder; like read_access when settings.require_read_token."""
     if settings.require_read_token:
         return Reader(session, authorization, await run_in_threadpool(_check_bearer, session, authorization))

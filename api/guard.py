@@ -72,10 +72,16 @@ def _rate_limit(request: Request, settings: Settings, token_id: int) -> None:
     wait_s = limiter.take(token_id) if limiter is not None else 0.0
     if wait_s > 0:
         retry_after_s = max(1, math.ceil(wait_s))
-        message = (f"more than {settings.write_rate_per_min:g} writes per minute (burst {settings.write_burst}) "
-                   f"with this token; retry after {retry_after_s} s")
-        raise ProblemError(429, message, [FieldError(field="header.Authorization", message=message)],
-                           headers={"Retry-After": str(retry_after_s)})
+        message = (
+            f"more than {settings.write_rate_per_min:g} writes per minute (burst {settings.write_burst}) "
+            f"with this token; retry after {retry_after_s} s"
+        )
+        raise ProblemError(
+            429,
+            message,
+            [FieldError(field="header.Authorization", message=message)],
+            headers={"Retry-After": str(retry_after_s)},
+        )
 
 
 def _check_content_type(request: Request) -> None:
@@ -87,9 +93,11 @@ def _check_content_type(request: Request) -> None:
         if message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json")):
             return
     got = f"Content-Type {value!r}" if value else "no Content-Type"
-    raise ProblemError(415, f"send the body as JSON with Content-Type: application/json ({got} was sent)",
-                       [FieldError(field="header.Content-Type", message=f"{got}; send application/json",
-                                   allowed=JSON_TYPES)])
+    raise ProblemError(
+        415,
+        f"send the body as JSON with Content-Type: application/json ({got} was sent)",
+        [FieldError(field="header.Content-Type", message=f"{got}; send application/json", allowed=JSON_TYPES)],
+    )
 
 
 def _has_content(request: Request) -> bool:

@@ -14,10 +14,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from core.scaling import ScalingReport, Series
+from core.analysis.scaling import ScalingReport, Series
 
-PRECISION_COLORS = {"bf16": "#1f77b4", "fp8-tensorwise": "#ff7f0e", "fp8-rowwise": "#2ca02c",
-                    "fp8-rowwise-gw-hp": "#9467bd", "fp32": "#7f7f7f"}
+PRECISION_COLORS = {
+    "bf16": "#1f77b4",
+    "fp8-tensorwise": "#ff7f0e",
+    "fp8-rowwise": "#2ca02c",
+    "fp8-rowwise-gw-hp": "#9467bd",
+    "fp32": "#7f7f7f",
+}
 LAYOUT_STYLES = ("-", "--", "-.", ":")
 FAILED_COLOR = "#d62728"
 
@@ -38,10 +43,13 @@ def _label(s: Series, multi_model: bool, multi_cluster: bool, multi_engine: bool
 
 
 def _style(s: Series, layouts: list[str]) -> dict:
-    return {"color": PRECISION_COLORS.get(s.key.precision, "black"),
-            "linestyle": LAYOUT_STYLES[layouts.index(s.key.layout) % len(LAYOUT_STYLES)],
-            "marker": ENGINE_MARKERS.get(s.key.engine, "^"),
-            "markersize": 4, "linewidth": 1.5}
+    return {
+        "color": PRECISION_COLORS.get(s.key.precision, "black"),
+        "linestyle": LAYOUT_STYLES[layouts.index(s.key.layout) % len(LAYOUT_STYLES)],
+        "marker": ENGINE_MARKERS.get(s.key.engine, "^"),
+        "markersize": 4,
+        "linewidth": 1.5,
+    }
 
 
 def _measured(s: Series, attr: str) -> tuple[list[int], list[float]]:
@@ -54,8 +62,18 @@ def _draw_failures(ax: Axes, s: Series, label: str | None) -> bool:
     ns = [p.num_devices for p in s.points if p.status == "failed"]
     if ns:
         trans = blended_transform_factory(ax.transData, ax.transAxes)
-        ax.scatter(ns, [0.04] * len(ns), transform=trans, marker="x", color=FAILED_COLOR, s=50,
-                   linewidths=2, zorder=5, label=label, clip_on=False)
+        ax.scatter(
+            ns,
+            [0.04] * len(ns),
+            transform=trans,
+            marker="x",
+            color=FAILED_COLOR,
+            s=50,
+            linewidths=2,
+            zorder=5,
+            label=label,
+            clip_on=False,
+        )
     return bool(ns)
 
 

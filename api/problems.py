@@ -18,14 +18,24 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from core.specs import LAYOUT_FORMS
+from core.contracts.specs import LAYOUT_FORMS
 
 log = logging.getLogger(__name__)
 PROBLEM_TYPE = "application/problem+json"
-TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-          405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type",
-          422: "Unprocessable Content", 429: "Too Many Requests", 500: "Internal Server Error",
-          503: "Service Unavailable"}
+TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 class FieldError(BaseModel):
@@ -83,8 +93,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 # Writes (api.guard): a body too large, not JSON, or over the token's write rate.
 WRITE_RESPONSES: dict[int | str, dict[str, Any]] = PROBLEM_RESPONSES | {
-    code: {"model": Problem, "description": TITLES[code], "content": {PROBLEM_TYPE: {}}}
-    for code in (413, 415, 429)
+    code: {"model": Problem, "description": TITLES[code], "content": {PROBLEM_TYPE: {}}} for code in (413, 415, 429)
 }
 
 

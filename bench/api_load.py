@@ -47,9 +47,18 @@ launcher = "slurm"
 queue = "h200"
 """
 # 4 GPU counts x 4 precisions x 2 layouts x 2 repeats = 64 runs
-MATRIX = {"name": "bench 8b scaling", "model": "8b", "cluster": "h200-pod", "gpu_counts": [8, 16, 32, 64],
-          "precisions": ["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"],
-          "layouts": ["fsdp", "tp=2+fsdp"], "repeats": 2, "seq_len": 8192, "steps": 30, "tags": ["bench"]}
+MATRIX = {
+    "name": "bench 8b scaling",
+    "model": "8b",
+    "cluster": "h200-pod",
+    "gpu_counts": [8, 16, 32, 64],
+    "precisions": ["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"],
+    "layouts": ["fsdp", "tp=2+fsdp"],
+    "repeats": 2,
+    "seq_len": 8192,
+    "steps": 30,
+    "tags": ["bench"],
+}
 
 
 def new_token(url: str) -> str:
@@ -63,10 +72,21 @@ def new_token(url: str) -> str:
 def stats(name: str, latencies_s: list[float], wall_s: float, errors: int) -> dict:
     ms = sorted(x * 1000 for x in latencies_s)
     q = statistics.quantiles(ms, n=100, method="inclusive")
-    row = {"phase": name, "requests": len(ms), "errors": errors, "req_per_s": len(ms) / wall_s,
-           "p50_ms": q[49], "p99_ms": q[98], "max_ms": ms[-1], "load_1m": os.getloadavg()[0]}
-    print(f"| {name} | {row['requests']} | {errors} | {row['req_per_s']:.1f} | {row['p50_ms']:.1f} | "
-          f"{row['p99_ms']:.1f} | {row['max_ms']:.1f} | {row['load_1m']:.1f} |", flush=True)
+    row = {
+        "phase": name,
+        "requests": len(ms),
+        "errors": errors,
+        "req_per_s": len(ms) / wall_s,
+        "p50_ms": q[49],
+        "p99_ms": q[98],
+        "max_ms": ms[-1],
+        "load_1m": os.getloadavg()[0],
+    }
+    print(
+        f"| {name} | {row['requests']} | {errors} | {row['req_per_s']:.1f} | {row['p50_ms']:.1f} | "
+        f"{row['p99_ms']:.1f} | {row['max_ms']:.1f} | {row['load_1m']:.1f} |",
+        flush=True,
+    )
     return row
 
 
@@ -118,8 +138,9 @@ class RawHttpClient:
             self.writer.close()
 
 
-async def poll_phase(base: str, exp_id: int, pollers: int, rate: float | None, duration_s: float,
-                     conditional: bool = False) -> dict:
+async def poll_phase(
+    base: str, exp_id: int, pollers: int, rate: float | None, duration_s: float, conditional: bool = False
+) -> dict:
     """Each poller GETs the experiment every pollers/rate seconds (open loop), or back to back (rate None).
     conditional: send If-None-Match with the last ETag, as the dashboard does (unchanged -> 304)."""
     latencies: list[float] = []
@@ -176,10 +197,14 @@ def main() -> None:
     proc = start_uvicorn(url, REDIS_URL, f.name, port, args.workers)
     base = f"http://127.0.0.1:{port}"
     try:
-        print(f"{platform.node()}: {os.cpu_count()} cores; {versions()}; uvicorn workers {args.workers}; "
-              f"load average before {os.getloadavg()[0]:.1f}")
-        print("| phase | requests | errors | req/s | p50 ms | p99 ms | max ms | load 1m |\n"
-              "|---|---|---|---|---|---|---|---|")
+        print(
+            f"{platform.node()}: {os.cpu_count()} cores; {versions()}; uvicorn workers {args.workers}; "
+            f"load average before {os.getloadavg()[0]:.1f}"
+        )
+        print(
+            "| phase | requests | errors | req/s | p50 ms | p99 ms | max ms | load 1m |\n"
+            "|---|---|---|---|---|---|---|---|"
+        )
         post, exp_id = asyncio.run(post_phase(base, token, args.posts))
         expected = (args.posts + 3) * 64
         queued = r.llen("h200")

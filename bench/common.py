@@ -44,14 +44,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_uvicorn(url: str, broker_url: str, clusters_file: str, port: int, workers: int, *,
-                  ready_path: str = "/healthz", timeout_s: float = 60.0) -> subprocess.Popen:
+def start_uvicorn(
+    url: str,
+    broker_url: str,
+    clusters_file: str,
+    port: int,
+    workers: int,
+    *,
+    ready_path: str = "/healthz",
+    timeout_s: float = 60.0,
+) -> subprocess.Popen:
     """uvicorn serving the app factory on 127.0.0.1:port; returns once `ready_path` answers 200."""
-    env = os.environ | {"SCALEBENCH_DATABASE_URL": url, "SCALEBENCH_BROKER_URL": broker_url,
-                        "SCALEBENCH_CLUSTERS_FILE": clusters_file, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
-           "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log",
-           "--backlog", "2048", *HEALTHCHECK]
+    env = os.environ | {
+        "SCALEBENCH_DATABASE_URL": url,
+        "SCALEBENCH_BROKER_URL": broker_url,
+        "SCALEBENCH_CLUSTERS_FILE": clusters_file,
+        "PYTHONPATH": str(REPO),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "api.app:create_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--backlog",
+        "2048",
+        *HEALTHCHECK,
+    ]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
     return wait_until_serving(proc, f"http://127.0.0.1:{port}{ready_path}", timeout_s, "uvicorn")
 
@@ -82,6 +110,8 @@ def versions() -> str:
     with pg.connect() as conn:
         pg_version = conn.execute(sa.text("SHOW server_version")).scalar()
     pg.dispose()
-    return (f"python {platform.python_version()}, fastapi {fastapi.__version__}, pydantic {pydantic.__version__}, "
-            f"uvicorn {uvicorn.__version__}, sqlalchemy {sa.__version__}, psycopg {psycopg.__version__}, "
-            f"httpx {httpx.__version__}, postgresql {pg_version}")
+    return (
+        f"python {platform.python_version()}, fastapi {fastapi.__version__}, pydantic {pydantic.__version__}, "
+        f"uvicorn {uvicorn.__version__}, sqlalchemy {sa.__version__}, psycopg {psycopg.__version__}, "
+        f"httpx {httpx.__version__}, postgresql {pg_version}"
+    )

@@ -30,32 +30,63 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = {"bf16": "bf16", "fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise",
-           "fp8-rowwise-gw-hp": "rowwise_with_gw_hp"}  # our precision -> bench/peer_torchtitan.py's recipe
+RECIPES = {
+    "bf16": "bf16",
+    "fp8-tensorwise": "tensorwise",
+    "fp8-rowwise": "rowwise",
+    "fp8-rowwise-gw-hp": "rowwise_with_gw_hp",
+}  # our precision -> bench/peer_torchtitan.py's recipe
 
 
 def clusters_toml(device_name: str, smoke: bool) -> str:
     vendor, titan = ("cpu", "false") if smoke else ("nvidia", "true")
-    return (f'[[cluster]]\nname = "gpu-node"\nvendor = "{vendor}"\ndevice_name = "{device_name}"\n'
-            f'gpus_per_node = 1\nmax_nodes = 1\nlauncher = "local"\ntorchtitan = {titan}\n')
+    return (
+        f'[[cluster]]\nname = "gpu-node"\nvendor = "{vendor}"\ndevice_name = "{device_name}"\n'
+        f'gpus_per_node = 1\nmax_nodes = 1\nlauncher = "local"\ntorchtitan = {titan}\n'
+    )
 
 
 def spec_yaml(args: argparse.Namespace) -> str:
-    spec = {"name": f"engines: scalebench vs torchtitan, 8b x{args.layers}, {args.seq_len} tokens",
-            "model": "8b", "num_layers": args.layers, "cluster": "gpu-node", "gpu_counts": [1],
-            "engines": ["scalebench", "torchtitan"], "precisions": list(RECIPES), "layouts": ["fsdp"],
-            "seq_len": args.seq_len, "local_batch_size": 1, "steps": args.steps, "warmup_steps": args.warmup,
-            "compile": True, "timeout_s": args.run_timeout_s, "tags": ["engines", "gpu"]}
+    spec = {
+        "name": f"engines: scalebench vs torchtitan, 8b x{args.layers}, {args.seq_len} tokens",
+        "model": "8b",
+        "num_layers": args.layers,
+        "cluster": "gpu-node",
+        "gpu_counts": [1],
+        "engines": ["scalebench", "torchtitan"],
+        "precisions": list(RECIPES),
+        "layouts": ["fsdp"],
+        "seq_len": args.seq_len,
+        "local_batch_size": 1,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "compile": True,
+        "timeout_s": args.run_timeout_s,
+        "tags": ["engines", "gpu"],
+    }
     if args.smoke:  # CPU: the service path only (TorchTitan trains on GPUs)
-        spec |= {"name": "engines smoke", "model": "debug", "num_layers": 1, "engines": ["scalebench"],
-                 "precisions": ["fp32", "fp8-tensorwise"], "seq_len": 64, "compile": False}
+        spec |= {
+            "name": "engines smoke",
+            "model": "debug",
+            "num_layers": 1,
+            "engines": ["scalebench"],
+            "precisions": ["fp32", "fp8-tensorwise"],
+            "seq_len": 64,
+            "compile": False,
+        }
     return json.dumps(spec, indent=1)  # JSON is YAML
 
 
 def start_stack(env: dict[str, str], port: int, log_path: Path) -> tuple[subprocess.Popen, str]:
     log = log_path.open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "up", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url, token_file = f"http://127.0.0.1:{port}", Path(env["SCALEBENCH_DATA_DIR"]) / "token"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -87,8 +118,18 @@ def run_service(args: argparse.Namespace, out: Path, env: dict[str, str]) -> dic
     url = f"http://127.0.0.1:{args.port}"
     try:
         t0 = time.monotonic()
-        cli = [sys.executable, "-m", "cli.main", "submit", str(out / "spec.yaml"), "--wait", "--server", url,
-               "--token", token]
+        cli = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "submit",
+            str(out / "spec.yaml"),
+            "--wait",
+            "--server",
+            url,
+            "--token",
+            token,
+        ]
         code = subprocess.run(cli, cwd=REPO, env=env).returncode
         print(f"[engines] submit --wait exited {code} after {time.monotonic() - t0:.0f} s", flush=True)
         headers = {"Authorization": f"Bearer {token}"}
@@ -96,9 +137,11 @@ def run_service(args: argparse.Namespace, out: Path, env: dict[str, str]) -> dic
         report = httpx.get(f"{url}/experiments/{exp_id}/scaling", headers=headers).json()
         (out / "service_report.json").write_text(json.dumps(report, indent=1))
         (out / "service_scaling.csv").write_text(
-            httpx.get(f"{url}/experiments/{exp_id}/scaling?format=csv", headers=headers).text)
+            httpx.get(f"{url}/experiments/{exp_id}/scaling?format=csv", headers=headers).text
+        )
         (out / "service_scaling.png").write_bytes(
-            httpx.get(f"{url}/experiments/{exp_id}/scaling.png", headers=headers).content)
+            httpx.get(f"{url}/experiments/{exp_id}/scaling.png", headers=headers).content
+        )
         runs = httpx.get(f"{url}/experiments/{exp_id}/runs?limit=100", headers=headers).json()["items"]
         details = [httpx.get(f"{url}/runs/{r['id']}", headers=headers).json() for r in runs]
         (out / "service_runs.json").write_text(json.dumps(details, indent=1))
@@ -110,11 +153,34 @@ def run_service(args: argparse.Namespace, out: Path, env: dict[str, str]) -> dic
 def run_direct(args: argparse.Namespace, out: Path, env: dict[str, str]) -> list[dict]:
     """TorchTitan driven directly by bench/peer_torchtitan.py (same shape, warm-up and timed steps)."""
     work = Path(tempfile.mkdtemp(prefix="peer-"))
-    cmd = [sys.executable, str(REPO / "bench" / "peer_torchtitan.py"), "--out", str(out / "direct"), "--work",
-           str(work), "--systems", "titan", "--recipes", ",".join(RECIPES.values()), "--layers", str(args.layers),
-           "--seq-len", str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps - args.warmup),
-           "--loss-steps", "0", "--budget-s", str(args.direct_budget_s), "--job-timeout-s", "180",
-           "--min-job-s", "30"]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "peer_torchtitan.py"),
+        "--out",
+        str(out / "direct"),
+        "--work",
+        str(work),
+        "--systems",
+        "titan",
+        "--recipes",
+        ",".join(RECIPES.values()),
+        "--layers",
+        str(args.layers),
+        "--seq-len",
+        str(args.seq_len),
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps - args.warmup),
+        "--loss-steps",
+        "0",
+        "--budget-s",
+        str(args.direct_budget_s),
+        "--job-timeout-s",
+        "180",
+        "--min-job-s",
+        "30",
+    ]
     print("[engines] " + " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=REPO, env=env)
     path = out / "direct" / "peer_results.json"
@@ -126,14 +192,19 @@ def table(report: dict, direct: list[dict], seq_len: int) -> str:
     x = {(s["key"]["engine"], s["key"]["precision"]): s["points"][0].get("tokens_per_sec") for s in report["series"]}
     ratio = {r["precision"]: r["ratio"] for r in report.get("engine_ratios", [])}
     titan = {d["recipe"]: seq_len / (d["step_ms_median"] / 1000.0) for d in direct if d.get("ok")}
-    rows = ["| precision | scalebench tok/s (service) | torchtitan tok/s (service) | R = titan / scalebench | "
-            "torchtitan tok/s (direct) | titan service / direct |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| precision | scalebench tok/s (service) | torchtitan tok/s (service) | R = titan / scalebench | "
+        "torchtitan tok/s (direct) | titan service / direct |",
+        "|---|---|---|---|---|---|",
+    ]
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for precision, recipe in RECIPES.items():
         ts, td = x.get(("torchtitan", precision)), titan.get(recipe)
-        rows.append(f"| {precision} | {fmt(x.get(('scalebench', precision)), ',.0f')} | {fmt(ts, ',.0f')} | "
-                    f"{fmt(ratio.get(precision), '.3f')} | {fmt(td, ',.0f')} | "
-                    f"{fmt(ts / td if ts and td else None, '.3f')} |")
+        rows.append(
+            f"| {precision} | {fmt(x.get(('scalebench', precision)), ',.0f')} | {fmt(ts, ',.0f')} | "
+            f"{fmt(ratio.get(precision), '.3f')} | {fmt(td, ',.0f')} | "
+            f"{fmt(ts / td if ts and td else None, '.3f')} |"
+        )
     return "\n".join(rows)
 
 
@@ -156,9 +227,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     data = Path(tempfile.mkdtemp(prefix="scalebench-"))
-    env = dict(os.environ) | {"SCALEBENCH_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1",
-                              "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR",
-                                                                        str(data / "inductor-cache"))}
+    env = dict(os.environ) | {
+        "SCALEBENCH_DATA_DIR": str(data),
+        "PYTHONUNBUFFERED": "1",
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(data / "inductor-cache")),
+    }
     for key in ("SCALEBENCH_DATABASE_URL", "SCALEBENCH_BROKER_URL", "DATABASE_URL", "REDIS_URL"):
         env.pop(key, None)  # the embedded default: SQLite + filesystem broker under the data dir
     report = run_service(args, args.out, env)

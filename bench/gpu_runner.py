@@ -30,13 +30,13 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.hardware import peak_tflops  # noqa: E402
-from core.shapes import get_shape  # noqa: E402
-from core.specs import RunSpec, resolve_layout  # noqa: E402
+from core.catalog.hardware import peak_tflops  # noqa: E402
+from core.catalog.shapes import get_shape  # noqa: E402
+from core.contracts.specs import RunSpec, resolve_layout  # noqa: E402
 
 log = logging.getLogger("bench")
 RECIPES = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 # ------------------------------------------------------------------------------ the reference model
@@ -83,8 +83,10 @@ class RefModel(nn.Module):
     def __init__(self, shape, seq_len):
         super().__init__()
         self.emb = nn.Embedding(shape.vocab_size, shape.dim)
-        self.blocks = nn.ModuleList(RefBlock(shape.dim, shape.num_heads, shape.num_kv_heads,
-                                             shape.ffn_hidden_dim, shape.norm_eps) for _ in range(shape.num_layers))
+        self.blocks = nn.ModuleList(
+            RefBlock(shape.dim, shape.num_heads, shape.num_kv_heads, shape.ffn_hidden_dim, shape.norm_eps)
+            for _ in range(shape.num_layers)
+        )
         self.norm = nn.Parameter(torch.ones(shape.dim))
         self.out = nn.Linear(shape.dim, shape.vocab_size, bias=False)
         hd = shape.dim // shape.num_heads
@@ -113,9 +115,11 @@ def reference_run(shape, precision, seq_len, steps, warmup, device, compile_bloc
         if p.dim() == 2:
             nn.init.normal_(p, std=0.02)
     if precision != "bf16":
-        name = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise",
-                "fp8-rowwise-gw-hp": "rowwise_with_gw_hp"}[precision]
+        name = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise", "fp8-rowwise-gw-hp": "rowwise_with_gw_hp"}[
+            precision
+        ]
         import dataclasses
+
         cfg = dataclasses.replace(Float8LinearConfig.from_recipe_name(name), emulate=device.type == "cpu")
         convert_to_float8_training(model, config=cfg, module_filter_fn=lambda m, fqn: fqn != "out")
     if compile_blocks:
@@ -155,19 +159,34 @@ def reference_run(shape, precision, seq_len, steps, warmup, device, compile_bloc
         ms, peak = [t * 1000 for t in times], None
     med = statistics.median(ms[warmup:])
     del model, opt
-    return {"tokens_per_sec": seq_len / (med / 1000), "step_ms": med, "peak_gib": peak,
-            "losses": [float(x) for x in losses]}
+    return {
+        "tokens_per_sec": seq_len / (med / 1000),
+        "step_ms": med,
+        "peak_gib": peak,
+        "losses": [float(x) for x in losses],
+    }
 
 
 # ------------------------------------------------------------------------------------------ ours
 
 
-def runner_spec(precision, *, num_layers, seq_len, steps, warmup, compile_blocks, device_type, lr_warmup=0,
-                model="8b"):
-    return RunSpec(model=model, num_layers=num_layers, precision=precision, layout="fsdp",
-                   degrees=resolve_layout("fsdp", 1), scaling="weak", seq_len=seq_len, local_batch_size=1,
-                   steps=steps, warmup_steps=warmup, compile=compile_blocks, lr=3e-4, lr_warmup_steps=lr_warmup,
-                   device_type=device_type)
+def runner_spec(precision, *, num_layers, seq_len, steps, warmup, compile_blocks, device_type, lr_warmup=0, model="8b"):
+    return RunSpec(
+        model=model,
+        num_layers=num_layers,
+        precision=precision,
+        layout="fsdp",
+        degrees=resolve_layout("fsdp", 1),
+        scaling="weak",
+        seq_len=seq_len,
+        local_batch_size=1,
+        steps=steps,
+        warmup_steps=warmup,
+        compile=compile_blocks,
+        lr=3e-4,
+        lr_warmup_steps=lr_warmup,
+        device_type=device_type,
+    )
 
 
 def ours_run(spec):
@@ -177,10 +196,17 @@ def ours_run(spec):
     if result.status != "succeeded":
         raise RuntimeError(f"runner failed: {result.error.kind}: {result.error.message[:2000]}")
     s = result.summary
-    return {"tokens_per_sec": s.tokens_per_sec, "step_ms": s.step_ms_median, "peak_gib": s.peak_memory_allocated_gib,
-            "mfu": s.mfu_vs_bf16_peak, "mfu_own": s.mfu_vs_precision_peak, "n_fp8": s.num_float8_linears,
-            "losses": result.numerics.loss_curve, "fp8_dtypes": result.environment.fp8_dtypes,
-            "env": result.environment.model_dump()}
+    return {
+        "tokens_per_sec": s.tokens_per_sec,
+        "step_ms": s.step_ms_median,
+        "peak_gib": s.peak_memory_allocated_gib,
+        "mfu": s.mfu_vs_bf16_peak,
+        "mfu_own": s.mfu_vs_precision_peak,
+        "n_fp8": s.num_float8_linears,
+        "losses": result.numerics.loss_curve,
+        "fp8_dtypes": result.environment.fp8_dtypes,
+        "env": result.environment.model_dump(),
+    }
 
 
 def free():

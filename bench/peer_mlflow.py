@@ -95,8 +95,10 @@ class Driver:
 
         def one(r: dict) -> tuple[int, str]:
             run = store.create_run(self.exp, run_name=f"run-{r['id']}")
-            params = [Param(k, str(r[k])) for k in ("model", "num_layers", "precision", "layout", "scaling",
-                                                   "cluster", "num_devices", "repeat")]
+            params = [
+                Param(k, str(r[k]))
+                for k in ("model", "num_layers", "precision", "layout", "scaling", "cluster", "num_devices", "repeat")
+            ]
             metrics = [Metric(k, float(v), now_ms, 0) for k, v in r["summary"].items() if v is not None]
             metrics += [Metric("loss", v, now_ms + i, i) for i, v in enumerate(r["losses"])]
             store.log_batch(run.info.run_id, metrics=metrics, params=params)
@@ -107,8 +109,9 @@ class Driver:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(4) as pool:
             self.run_ids = dict(pool.map(one, runs))
-        self.curve_runs = [self.run_ids[r["id"]] for r in runs
-                           if r["num_devices"] == CURVE_NUM_DEVICES and r["repeat"] == 0]
+        self.curve_runs = [
+            self.run_ids[r["id"]] for r in runs if r["num_devices"] == CURVE_NUM_DEVICES and r["repeat"] == 0
+        ]
         print(f"loaded {len(runs)} runs into MLflow in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     # --- the operations measured
@@ -118,13 +121,27 @@ class Driver:
         df = self.mlflow.search_runs(experiment_ids=[self.exp], max_results=100_000)
         ok = df[df["status"] == "FINISHED"].copy()
         ok["n"] = ok["params.num_devices"].astype(int)
-        keys = ["params.model", "params.num_layers", "params.precision", "params.layout", "params.scaling",
-                "params.cluster"]
-        table = ok.groupby([*keys, "n"]).agg(
-            tokens_per_sec=("metrics.tokens_per_sec", "median"), tokens_per_sec_min=("metrics.tokens_per_sec", "min"),
-            tokens_per_sec_max=("metrics.tokens_per_sec", "max"), step_ms=("metrics.step_ms_median", "median"),
-            mfu=("metrics.mfu_vs_bf16_peak", "median"), final_loss=("metrics.final_loss", "median"),
-            num_succeeded=("run_id", "count")).reset_index()
+        keys = [
+            "params.model",
+            "params.num_layers",
+            "params.precision",
+            "params.layout",
+            "params.scaling",
+            "params.cluster",
+        ]
+        table = (
+            ok.groupby([*keys, "n"])
+            .agg(
+                tokens_per_sec=("metrics.tokens_per_sec", "median"),
+                tokens_per_sec_min=("metrics.tokens_per_sec", "min"),
+                tokens_per_sec_max=("metrics.tokens_per_sec", "max"),
+                step_ms=("metrics.step_ms_median", "median"),
+                mfu=("metrics.mfu_vs_bf16_peak", "median"),
+                final_loss=("metrics.final_loss", "median"),
+                num_succeeded=("run_id", "count"),
+            )
+            .reset_index()
+        )
         x0 = table.groupby(keys)["tokens_per_sec"].transform("first")
         n0 = table.groupby(keys)["n"].transform("first")
         table["efficiency"] = table["tokens_per_sec"] / (x0 * table["n"] / n0)
@@ -135,8 +152,10 @@ class Driver:
             assert self.client.get_metric_history(run_id, "loss")
 
     def mlflow_bulk(self) -> None:
-        r = self._http().get(f"{self.mlflow_url}/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval",
-                             params={"run_ids": self.curve_runs, "metric_key": "loss", "max_results": 200})
+        r = self._http().get(
+            f"{self.mlflow_url}/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval",
+            params={"run_ids": self.curve_runs, "metric_key": "loss", "max_results": 200},
+        )
         r.raise_for_status()
         assert r.json()["metrics"]
 
@@ -168,8 +187,10 @@ class Driver:
         for i in range(iterations):
             for name in names if i % 2 == 0 else names[::-1]:
                 times[name].append(_timed(ops[name]))
-        return {k: {"p50_ms": 1000 * statistics.median(v), "min_ms": 1000 * min(v), "max_ms": 1000 * max(v),
-                    "n": len(v)} for k, v in times.items()}
+        return {
+            k: {"p50_ms": 1000 * statistics.median(v), "min_ms": 1000 * min(v), "max_ms": 1000 * max(v), "n": len(v)}
+            for k, v in times.items()
+        }
 
     def concurrent(self, fn, duration_s: float) -> dict:
         latencies: list[float] = []
@@ -196,8 +217,13 @@ class Driver:
         for th in threads:
             th.join()
         wall = time.perf_counter() - t0
-        return {"per_s": len(latencies) / wall, "done": len(latencies), "errors": errors, "wall_s": wall,
-                "p50_ms": 1000 * statistics.median(latencies) if latencies else None}
+        return {
+            "per_s": len(latencies) / wall,
+            "done": len(latencies),
+            "errors": errors,
+            "wall_s": wall,
+            "p50_ms": 1000 * statistics.median(latencies) if latencies else None,
+        }
 
 
 def drive(args: argparse.Namespace) -> None:
@@ -205,11 +231,19 @@ def drive(args: argparse.Namespace) -> None:
     d = Driver(args.mlflow_url, args.scalebench_url, args.experiment_id)
     d.load(runs, args.mlflow_db)
     out = {"load_avg_start": os.getloadavg()}
-    out["table"] = d.interleaved({"mlflow": d.mlflow_table, "sb_cold": d.sb_cold, "sb_warm": d.sb_warm},
-                                 args.iterations)
+    out["table"] = d.interleaved(
+        {"mlflow": d.mlflow_table, "sb_cold": d.sb_cold, "sb_warm": d.sb_warm}, args.iterations
+    )
     print(f"table: {json.dumps(out['table'])}", file=sys.stderr, flush=True)
-    out["curves"] = d.interleaved({"mlflow_each": d.mlflow_histories, "mlflow_bulk": d.mlflow_bulk,
-                                   "sb_cold": d.sb_losses_cold, "sb_warm": d.sb_losses_warm}, args.iterations)
+    out["curves"] = d.interleaved(
+        {
+            "mlflow_each": d.mlflow_histories,
+            "mlflow_bulk": d.mlflow_bulk,
+            "sb_cold": d.sb_losses_cold,
+            "sb_warm": d.sb_losses_warm,
+        },
+        args.iterations,
+    )
     print(f"curves: {json.dumps(out['curves'])}", file=sys.stderr, flush=True)
     rounds: dict[str, list[dict]] = {"mlflow": [], "sb_cold": [], "sb_warm": []}
     for _ in range(args.rounds):
@@ -230,11 +264,11 @@ def ensure_mlflow(version: str) -> Path:
     python = VENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    probe = subprocess.run([str(python), "-c", "import mlflow, psycopg2; print(mlflow.__version__)"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [str(python), "-c", "import mlflow, psycopg2; print(mlflow.__version__)"], capture_output=True, text=True
+    )
     if probe.returncode != 0 or probe.stdout.strip() != version:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"mlflow=={version}", "psycopg2-binary"],
-                       check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"mlflow=={version}", "psycopg2-binary"], check=True)
     return python
 
 
@@ -242,8 +276,8 @@ def export_runs(url: str, experiment_id: int) -> list[dict]:
     """The seeded runs as the MLflow side receives them: coordinates, status, summary values, loss curve."""
     import sqlalchemy as sa
 
-    from db.analysis import load_run_points
     from db.models import Run, StepMetric
+    from db.points import load_run_points
     from db.session import make_engine, make_session_factory
 
     engine = make_engine(url)
@@ -251,17 +285,37 @@ def export_runs(url: str, experiment_id: int) -> list[dict]:
         points = {p.run_id: p for p in load_run_points(s, experiment_id)}
         repeats = dict(s.execute(sa.select(Run.id, Run.repeat).where(Run.experiment_id == experiment_id)).all())
         losses: dict[int, list[float]] = {}
-        for run_id, loss in s.execute(sa.select(StepMetric.run_id, StepMetric.loss).join(Run).where(
-                Run.experiment_id == experiment_id).order_by(StepMetric.run_id, StepMetric.step)):
+        for run_id, loss in s.execute(
+            sa.select(StepMetric.run_id, StepMetric.loss)
+            .join(Run)
+            .where(Run.experiment_id == experiment_id)
+            .order_by(StepMetric.run_id, StepMetric.step)
+        ):
             losses.setdefault(run_id, []).append(loss)
     engine.dispose()
-    return [{"id": i, "model": p.model, "num_layers": p.num_layers, "precision": p.precision, "layout": p.layout,
-             "scaling": p.scaling, "cluster": p.cluster, "num_devices": p.num_devices, "repeat": repeats[i],
-             "status": p.status, "losses": losses.get(i, []),
-             "summary": {"tokens_per_sec": p.tokens_per_sec, "step_ms_median": p.step_ms_median,
-                         "mfu_vs_bf16_peak": p.mfu_vs_bf16_peak,
-                         "peak_memory_allocated_gib": p.peak_memory_allocated_gib, "final_loss": p.final_loss}}
-            for i, p in points.items()]
+    return [
+        {
+            "id": i,
+            "model": p.model,
+            "num_layers": p.num_layers,
+            "precision": p.precision,
+            "layout": p.layout,
+            "scaling": p.scaling,
+            "cluster": p.cluster,
+            "num_devices": p.num_devices,
+            "repeat": repeats[i],
+            "status": p.status,
+            "losses": losses.get(i, []),
+            "summary": {
+                "tokens_per_sec": p.tokens_per_sec,
+                "step_ms_median": p.step_ms_median,
+                "mfu_vs_bf16_peak": p.mfu_vs_bf16_peak,
+                "peak_memory_allocated_gib": p.peak_memory_allocated_gib,
+                "final_loss": p.final_loss,
+            },
+        }
+        for i, p in points.items()
+    ]
 
 
 def start_mlflow(python: Path, port: int, workers: int, artifacts: str) -> subprocess.Popen:
@@ -274,17 +328,32 @@ def start_mlflow(python: Path, port: int, workers: int, artifacts: str) -> subpr
         conn.execute(sa.text(f"DROP DATABASE IF EXISTS {MLFLOW_DB} WITH (FORCE)"))
         conn.execute(sa.text(f"CREATE DATABASE {MLFLOW_DB}"))
     admin.dispose()
-    cmd = [str(python), "-m", "mlflow", "server", "--backend-store-uri", MLFLOW_DB_URI,
-           "--default-artifact-root", artifacts,
-           "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-           "--uvicorn-opts", " ".join(HEALTHCHECK)]  # the same supervisor settings as scalebench's uvicorn
+    cmd = [
+        str(python),
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        MLFLOW_DB_URI,
+        "--default-artifact-root",
+        artifacts,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--uvicorn-opts",
+        " ".join(HEALTHCHECK),
+    ]  # the same supervisor settings as scalebench's uvicorn
     # The server's background job runners (huey consumers) have no part in tracking reads: off, so that
     # they take no CPU. A session of its own, so that the whole process group is stopped at the end.
     env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(Path(artifacts) / "server.log", "w") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
-    return wait_until_serving(proc, f"http://127.0.0.1:{port}/health", 300,
-                              f"mlflow server (log {artifacts}/server.log)")
+    return wait_until_serving(
+        proc, f"http://127.0.0.1:{port}/health", 300, f"mlflow server (log {artifacts}/server.log)"
+    )
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -358,11 +427,31 @@ def main() -> None:
         servers.append(start_mlflow(python, ml_port, args.workers, str(work)))
         print(f"{os.cpu_count()} cores, load avg {os.getloadavg()}; {versions()}", flush=True)
         driver = subprocess.run(
-            [str(python), __file__, "--driver", "--data", str(work / "runs.json"),
-             "--mlflow-url", f"http://127.0.0.1:{ml_port}", "--mlflow-db", MLFLOW_DB_URI,
-             "--scalebench-url", f"http://127.0.0.1:{sb_port}", "--experiment-id", str(exp_id),
-             "--iterations", str(args.iterations), "--duration-s", str(args.duration_s), "--rounds", str(args.rounds)],
-            stdout=subprocess.PIPE, text=True, check=True)
+            [
+                str(python),
+                __file__,
+                "--driver",
+                "--data",
+                str(work / "runs.json"),
+                "--mlflow-url",
+                f"http://127.0.0.1:{ml_port}",
+                "--mlflow-db",
+                MLFLOW_DB_URI,
+                "--scalebench-url",
+                f"http://127.0.0.1:{sb_port}",
+                "--experiment-id",
+                str(exp_id),
+                "--iterations",
+                str(args.iterations),
+                "--duration-s",
+                str(args.duration_s),
+                "--rounds",
+                str(args.rounds),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
     finally:
         for proc in servers:
             proc.terminate()
@@ -371,8 +460,10 @@ def main() -> None:
             with contextlib.suppress(ProcessLookupError):  # what is left of the MLflow server's group
                 os.killpg(servers[1].pid, signal.SIGTERM)
     result = json.loads(driver.stdout.strip().splitlines()[-1])
-    print(f"mlflow {result['versions']['mlflow']}, pandas {result['versions']['pandas']}; load avg at start "
-          f"{result['load_avg_start']}, at end {result['load_avg_end']}; {time.perf_counter() - t0:.0f} s in all")
+    print(
+        f"mlflow {result['versions']['mlflow']}, pandas {result['versions']['pandas']}; load avg at start "
+        f"{result['load_avg_start']}, at end {result['load_avg_end']}; {time.perf_counter() - t0:.0f} s in all"
+    )
     print(json.dumps(result))
     print(table(result))
 

@@ -11,7 +11,7 @@ loss, fused AdamW, grad-norm clipping at 1.0, no activation checkpointing, fp32 
 autocast (what both do on one GPU). Recipes: bf16 and torchao's float8 tensorwise, rowwise and
 rowwise_with_gw_hp, the output layer left in bf16 on both sides.
 
-- TorchTitan: its own Trainer on the job config of engine torchtitan (core.titan_config's TOML of the same
+- TorchTitan: its own Trainer on the job config of engine torchtitan (runner.titan_config's TOML of the same
   RunSpec, TorchTitan's llama3 with our shape and runner.data's batches registered by runner.titan_spec), run and
   measured by runner.titan.run, in-process: both sides train on the same tokens. Nothing is downloaded and no
   TorchTitan file is edited.
@@ -45,9 +45,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 RECIPES = ("bf16", "tensorwise", "rowwise", "rowwise_with_gw_hp")
-OURS_PRECISION = {"bf16": "bf16", "tensorwise": "fp8-tensorwise", "rowwise": "fp8-rowwise",
-                  "rowwise_with_gw_hp": "fp8-rowwise-gw-hp"}
-GIB = 1024 ** 3
+OURS_PRECISION = {
+    "bf16": "bf16",
+    "tensorwise": "fp8-tensorwise",
+    "rowwise": "fp8-rowwise",
+    "rowwise_with_gw_hp": "fp8-rowwise-gw-hp",
+}
+GIB = 1024**3
 
 
 # ============================================================================================ worker side
@@ -89,8 +93,10 @@ def profiler_for(args, device_type: str):
 
     total = args.warmup + args.steps + 1 + args.profile_steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
-    return profile(activities=activities,
-                   schedule=schedule(wait=total - args.profile_steps - 1, warmup=1, active=args.profile_steps))
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=total - args.profile_steps - 1, warmup=1, active=args.profile_steps),
+    )
 
 
 def kernel_summary(prof, device_type: str, active_steps: int) -> dict:
@@ -101,8 +107,14 @@ def kernel_summary(prof, device_type: str, active_steps: int) -> dict:
 
     averages = prof.key_averages()
     # steps actually recorded (the profiler's own step annotations), rather than the schedule's count
-    active_steps = sum(e.count for e in averages if e.key.startswith("ProfilerStep")
-                       and e.device_type == torch.autograd.DeviceType.CPU) or active_steps
+    active_steps = (
+        sum(
+            e.count
+            for e in averages
+            if e.key.startswith("ProfilerStep") and e.device_type == torch.autograd.DeviceType.CPU
+        )
+        or active_steps
+    )
     totals: dict[str, float] = {}
     kernels = []
     for evt in averages:
@@ -114,17 +126,22 @@ def kernel_summary(prof, device_type: str, active_steps: int) -> dict:
             us = evt.self_cpu_time_total
         cat = category(evt.key)
         totals[cat] = totals.get(cat, 0.0) + us / 1000 / active_steps
-        kernels.append({"name": evt.key[:200], "calls": evt.count, "ms_per_step": us / 1000 / active_steps,
-                        "category": cat})
+        kernels.append(
+            {"name": evt.key[:200], "calls": evt.count, "ms_per_step": us / 1000 / active_steps, "category": cat}
+        )
     kernels.sort(key=lambda k: -k["ms_per_step"])
     return {"ms_per_step": totals, "top_kernels": kernels[:60], "steps": active_steps}
 
 
 def timed_stats(step_ms: list[float], warmup: int, steps: int) -> dict:
     # step_ms[i] is step i+1 (1-based: the clock is marked before the first step); timed: warmup+1 .. warmup+steps.
-    timed = step_ms[warmup: warmup + steps]
-    return {"step_ms_median": statistics.median(timed), "step_ms_min": min(timed), "step_ms_max": max(timed),
-            "num_timed": len(timed)}
+    timed = step_ms[warmup : warmup + steps]
+    return {
+        "step_ms_median": statistics.median(timed),
+        "step_ms_min": min(timed),
+        "step_ms_max": max(timed),
+        "num_timed": len(timed),
+    }
 
 
 def memory_stats(device_type: str) -> dict:
@@ -132,19 +149,35 @@ def memory_stats(device_type: str) -> dict:
 
     if device_type != "cuda":
         return {}
-    return {"peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+    return {
+        "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+    }
 
 
-def bench_spec(args, device_type: str, *, num_layers: int, steps: int, warmup: int, lr_warmup: int,
-               engine: str = "scalebench"):
+def bench_spec(
+    args, device_type: str, *, num_layers: int, steps: int, warmup: int, lr_warmup: int, engine: str = "scalebench"
+):
     """The RunSpec both systems run: one device, the bench shape and recipe."""
-    from core.specs import RunSpec, resolve_layout
+    from core.contracts.specs import RunSpec, resolve_layout
 
-    return RunSpec(engine=engine, model=args.model, num_layers=num_layers, precision=OURS_PRECISION[args.recipe],
-                   layout="fsdp", degrees=resolve_layout("fsdp", 1), scaling="weak", seq_len=args.seq_len,
-                   local_batch_size=1, steps=steps, warmup_steps=warmup, compile=args.compile, lr=3e-4,
-                   lr_warmup_steps=lr_warmup, device_type=device_type)
+    return RunSpec(
+        engine=engine,
+        model=args.model,
+        num_layers=num_layers,
+        precision=OURS_PRECISION[args.recipe],
+        layout="fsdp",
+        degrees=resolve_layout("fsdp", 1),
+        scaling="weak",
+        seq_len=args.seq_len,
+        local_batch_size=1,
+        steps=steps,
+        warmup_steps=warmup,
+        compile=args.compile,
+        lr=3e-4,
+        lr_warmup_steps=lr_warmup,
+        device_type=device_type,
+    )
 
 
 def run_ours(args, device_type: str) -> dict:
@@ -171,11 +204,19 @@ def run_ours(args, device_type: str) -> dict:
     if result.status != "succeeded":
         raise RuntimeError(f"runner failed: {result.error.kind}: {result.error.message[:3000]}")
     s = result.summary
-    out.update(step_ms=step_ms, **timed_stats(step_ms, args.warmup, args.steps), **memory_stats(device_type),
-               own={"tokens_per_sec": s.tokens_per_sec, "step_ms_median": s.step_ms_median,
-                    "peak_alloc_gib": s.peak_memory_allocated_gib},
-               num_float8_linears=s.num_float8_linears, losses=result.numerics.loss_curve,
-               env=result.environment.model_dump())
+    out.update(
+        step_ms=step_ms,
+        **timed_stats(step_ms, args.warmup, args.steps),
+        **memory_stats(device_type),
+        own={
+            "tokens_per_sec": s.tokens_per_sec,
+            "step_ms_median": s.step_ms_median,
+            "peak_alloc_gib": s.peak_memory_allocated_gib,
+        },
+        num_float8_linears=s.num_float8_linears,
+        losses=result.numerics.loss_curve,
+        env=result.environment.model_dump(),
+    )
     if args.loss_steps:
         import gc
 
@@ -186,8 +227,12 @@ def run_ours(args, device_type: str) -> dict:
         check = run(spec(args.loss_layers, args.loss_steps, 2, args.loss_steps // 10))
         if check.status != "succeeded":
             raise RuntimeError(f"loss check failed: {check.error.kind}: {check.error.message[:3000]}")
-        out["loss_check"] = {"losses": check.numerics.loss_curve, "layers": args.loss_layers,
-                             "steps": args.loss_steps, "wall_s": time.monotonic() - t0}
+        out["loss_check"] = {
+            "losses": check.numerics.loss_curve,
+            "layers": args.loss_layers,
+            "steps": args.loss_steps,
+            "wall_s": time.monotonic() - t0,
+        }
     return out
 
 
@@ -198,8 +243,10 @@ class TitanLogCapture:
         import logging
         import re
 
-        self.pattern = re.compile(r"step:\s*(\d+).*?loss:\s*([-\d.]+).*?tps:\s*([\d,]+).*?tflops:\s*([\d,.]+)"
-                                  r".*?mfu:\s*([\d.]+)%")
+        self.pattern = re.compile(
+            r"step:\s*(\d+).*?loss:\s*([-\d.]+).*?tps:\s*([\d,]+).*?tflops:\s*([\d,.]+)"
+            r".*?mfu:\s*([\d.]+)%"
+        )
         self.rows: list[dict] = []
         outer = self
 
@@ -207,8 +254,15 @@ class TitanLogCapture:
             def emit(self, record):
                 m = outer.pattern.search(record.getMessage())
                 if m:
-                    outer.rows.append({"step": int(m[1]), "loss": float(m[2]), "tps": float(m[3].replace(",", "")),
-                                       "tflops": float(m[4].replace(",", "")), "mfu_pct": float(m[5])})
+                    outer.rows.append(
+                        {
+                            "step": int(m[1]),
+                            "loss": float(m[2]),
+                            "tps": float(m[3].replace(",", "")),
+                            "tflops": float(m[4].replace(",", "")),
+                            "mfu_pct": float(m[5]),
+                        }
+                    )
 
         logging.getLogger().addHandler(Handler())
 
@@ -225,7 +279,7 @@ def titan_dry_run(spec) -> dict:
     from torchtitan.protocols.train_spec import get_train_spec
 
     import runner.titan_spec  # noqa: F401 - registers the train spec, as the Trainer's custom_import does
-    from core import titan_config
+    from runner import titan_config
 
     gpu_spec = spec.model_copy(update={"device_type": "cuda"})  # engine torchtitan refuses CPU specs
     path = Path(tempfile.mkdtemp(prefix="titan-dry-")) / "titan.toml"
@@ -241,14 +295,25 @@ def titan_dry_run(spec) -> dict:
     with torch.device("meta"):
         model = train_spec.model_cls(model_args)
     p = config.parallelism
-    dims = ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
-                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=1)
+    dims = ParallelDims(
+        dp_shard=p.data_parallel_shard_degree,
+        dp_replicate=p.data_parallel_replicate_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
+        world_size=1,
+    )
     build_model_converters(config, dims).convert(model)
-    return {"dry_run": True, "batch_shape": list(inputs["input"].shape), "max_token": int(inputs["input"].max()),
-            "vocab_size": model_args.vocab_size,
-            "num_float8_linears": sum(type(m).__name__ == "Float8Linear" for m in model.modules()),
-            "num_linears": sum(isinstance(m, torch.nn.Linear) for m in model.modules())}
+    return {
+        "dry_run": True,
+        "batch_shape": list(inputs["input"].shape),
+        "max_token": int(inputs["input"].max()),
+        "vocab_size": model_args.vocab_size,
+        "num_float8_linears": sum(type(m).__name__ == "Float8Linear" for m in model.modules()),
+        "num_linears": sum(isinstance(m, torch.nn.Linear) for m in model.modules()),
+    }
 
 
 def run_titan(args, device_type: str) -> dict:
@@ -261,8 +326,15 @@ def run_titan(args, device_type: str) -> dict:
     from runner.titan import run
 
     total = args.warmup + args.steps + (1 + args.profile_steps if args.profile_steps else 0)
-    spec = bench_spec(args, device_type, num_layers=args.layers, steps=total, warmup=args.warmup,
-                      lr_warmup=args.warmup, engine="torchtitan")
+    spec = bench_spec(
+        args,
+        device_type,
+        num_layers=args.layers,
+        steps=total,
+        warmup=args.warmup,
+        lr_warmup=args.warmup,
+        engine="torchtitan",
+    )
     if device_type == "cpu":
         return titan_dry_run(spec)
     logging.getLogger().setLevel(logging.INFO)
@@ -273,7 +345,8 @@ def run_titan(args, device_type: str) -> dict:
     if prof:
         prof.start()
         hook = register_optimizer_step_post_hook(
-            lambda opt, *_: prof.step() if isinstance(opt, torch.optim.AdamW) else None)
+            lambda opt, *_: prof.step() if isinstance(opt, torch.optim.AdamW) else None
+        )
     run_dir = Path(args.work) / f"titan-out-{args.recipe}"
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -288,10 +361,16 @@ def run_titan(args, device_type: str) -> dict:
         raise RuntimeError(f"torchtitan failed: {result.error.kind}: {result.error.message[:3000]}")
     s = result.summary
     step_ms = [r.step_ms for r in result.steps]
-    out.update(step_ms=step_ms, **timed_stats(step_ms, args.warmup, args.steps),
-               peak_alloc_gib=s.peak_memory_allocated_gib, peak_reserved_gib=s.peak_memory_reserved_gib,
-               own={"log_rows": capture.rows}, num_float8_linears=s.num_float8_linears,
-               losses=result.numerics.loss_curve, env=result.environment.model_dump())
+    out.update(
+        step_ms=step_ms,
+        **timed_stats(step_ms, args.warmup, args.steps),
+        peak_alloc_gib=s.peak_memory_allocated_gib,
+        peak_reserved_gib=s.peak_memory_reserved_gib,
+        own={"log_rows": capture.rows},
+        num_float8_linears=s.num_float8_linears,
+        losses=result.numerics.loss_curve,
+        env=result.environment.model_dump(),
+    )
     return out
 
 
@@ -323,8 +402,15 @@ def worker_main(args) -> int:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 64)
     t0 = time.monotonic()
-    record = {"system": args.system, "recipe": args.recipe, "variant": args.variant, "settings": args.set,
-              "layers": args.layers, "seq_len": args.seq_len, "versions": versions()}
+    record = {
+        "system": args.system,
+        "recipe": args.recipe,
+        "variant": args.variant,
+        "settings": args.set,
+        "layers": args.layers,
+        "seq_len": args.seq_len,
+        "versions": versions(),
+    }
     try:
         record.update(run_titan(args, device_type) if args.system == "titan" else run_ours(args, device_type))
         record["ok"] = True
@@ -349,8 +435,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def plan(recipes: list[str], variants: list[tuple[str, str, list[str]]],
-         systems: tuple[str, ...] = ("titan", "ours")) -> list[tuple[str, str, str, list[str]]]:
+def plan(
+    recipes: list[str], variants: list[tuple[str, str, list[str]]], systems: tuple[str, ...] = ("titan", "ours")
+) -> list[tuple[str, str, str, list[str]]]:
     """(system, recipe, variant, settings): per recipe TorchTitan and ours (those of `systems`), the order flipped
     every recipe; then the extra variants of ours (--ours-variant NAME:RECIPE:SETTING,...), in the order given."""
     jobs = []
@@ -375,21 +462,56 @@ def run_job(args, job, log, deadline: float) -> dict:
         return {"system": system, "recipe": recipe, "variant": variant, "ok": False, "error": "skipped: budget"}
     result = Path(args.work) / f"result-{system}-{variant or 'base'}-{recipe}.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--system", system, "--recipe", recipe,
-           "--variant", variant, "--result", str(result), "--work", args.work, "--model", args.model,
-           "--layers", str(args.layers), "--seq-len", str(args.seq_len), "--steps", str(args.steps),
-           "--warmup", str(args.warmup),
-           "--loss-steps", str(args.loss_steps if system == "ours" and (args.variant_loss or not variant) else 0),
-           "--loss-layers", str(args.loss_layers), "--compile" if args.compile else "--no-compile"]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--system",
+        system,
+        "--recipe",
+        recipe,
+        "--variant",
+        variant,
+        "--result",
+        str(result),
+        "--work",
+        args.work,
+        "--model",
+        args.model,
+        "--layers",
+        str(args.layers),
+        "--seq-len",
+        str(args.seq_len),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--loss-steps",
+        str(args.loss_steps if system == "ours" and (args.variant_loss or not variant) else 0),
+        "--loss-layers",
+        str(args.loss_layers),
+        "--compile" if args.compile else "--no-compile",
+    ]
     profiled = recipe in args.profile.split(",") and not variant
     cmd += ["--profile-steps", str(args.profile_steps if profiled else 0)]
     for s in settings:
         cmd += ["--set", s]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
-        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(Path(args.work) / "hf")}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(Path(args.work) / "hf"),
+    }
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(args.work) / "inductor"))
     if args.model == "debug":
         env.setdefault("OMP_NUM_THREADS", "1")  # CPU smoke: no OpenMP spinning on a shared machine
@@ -402,10 +524,18 @@ def run_job(args, job, log, deadline: float) -> dict:
     try:
         subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"system": system, "recipe": recipe, "variant": variant, "ok": False,
-                "error": f"timeout after {timeout:.0f} s"}
-    rec = json.loads(result.read_text()) if result.exists() else {
-        "system": system, "recipe": recipe, "variant": variant, "ok": False, "error": "no result (see log)"}
+        return {
+            "system": system,
+            "recipe": recipe,
+            "variant": variant,
+            "ok": False,
+            "error": f"timeout after {timeout:.0f} s",
+        }
+    rec = (
+        json.loads(result.read_text())
+        if result.exists()
+        else {"system": system, "recipe": recipe, "variant": variant, "ok": False, "error": "no result (see log)"}
+    )
     status = rec.get("error", "")[:200]
     if rec.get("ok"):
         status = "dry run ok" if rec.get("dry_run") else f"{rec['step_ms_median']:.1f} ms/step"
@@ -429,8 +559,8 @@ def loss_gap_rows(records: list[dict]) -> dict[tuple[str, str], float]:
 
 
 def table(records: list[dict], args, elapsed_s: float) -> str:
-    from core.hardware import peak_tflops
-    from core.shapes import get_shape
+    from core.catalog.hardware import peak_tflops
+    from core.catalog.shapes import get_shape
 
     shape = get_shape(args.model, args.layers)
     fpt = shape.flops_per_token(args.seq_len)
@@ -439,8 +569,9 @@ def table(records: list[dict], args, elapsed_s: float) -> str:
     bf16_peak, _ = peak_tflops(device, "bf16")
 
     def get(system, recipe, variant=""):
-        return next((r for r in records if (r["system"], r["recipe"], r.get("variant", "")) ==
-                     (system, recipe, variant)), {})
+        return next(
+            (r for r in records if (r["system"], r["recipe"], r.get("variant", "")) == (system, recipe, variant)), {}
+        )
 
     def mfu(tps):
         return fpt * tps / 1e12 / bf16_peak if tps and bf16_peak else None
@@ -450,12 +581,14 @@ def table(records: list[dict], args, elapsed_s: float) -> str:
 
     base = {s: tokens_per_sec(get(s, "bf16"), args.seq_len) for s in ("titan", "ours")}
     losses = loss_gap_rows(records)
-    lines = [f"\n== peer_torchtitan: {device}, torch {env.get('torch')}, torchao {env.get('torchao')}, "
-             f"torchtitan {env.get('torchtitan')}; {shape.name} x{args.layers} layers, {args.seq_len} tok/step, "
-             f"{fpt / 1e9:.1f} GFLOP/token; {args.warmup} warm-up + {args.steps} timed steps; {elapsed_s:.0f} s ==",
-             f"{'recipe':<22} {'titan tok/s':>11} {'ours tok/s':>10} {'ours/titan':>10} {'MFU titan':>9} "
-             f"{'MFU ours':>8} {'x bf16 T':>8} {'x bf16 O':>8} {'GiB titan':>9} {'GiB ours':>8} "
-             f"{'fp8 lin T/O':>11} {'loss50 O':>8} {'gap O':>7}"]
+    lines = [
+        f"\n== peer_torchtitan: {device}, torch {env.get('torch')}, torchao {env.get('torchao')}, "
+        f"torchtitan {env.get('torchtitan')}; {shape.name} x{args.layers} layers, {args.seq_len} tok/step, "
+        f"{fpt / 1e9:.1f} GFLOP/token; {args.warmup} warm-up + {args.steps} timed steps; {elapsed_s:.0f} s ==",
+        f"{'recipe':<22} {'titan tok/s':>11} {'ours tok/s':>10} {'ours/titan':>10} {'MFU titan':>9} "
+        f"{'MFU ours':>8} {'x bf16 T':>8} {'x bf16 O':>8} {'GiB titan':>9} {'GiB ours':>8} "
+        f"{'fp8 lin T/O':>11} {'loss50 O':>8} {'gap O':>7}",
+    ]
     # a row per recipe (and variant) of either system: --systems titan (or ours) alone still gets its rows
     keys = [(r["recipe"], r.get("variant", "") if r["system"] == "ours" else "") for r in records]
     keys = list(dict.fromkeys(keys))
@@ -472,17 +605,20 @@ def table(records: list[dict], args, elapsed_s: float) -> str:
             f"{f(to / base['ours'] if to and base['ours'] else None, '{:.3f}'):>8} "
             f"{f(t.get('peak_alloc_gib'), '{:.1f}'):>9} {f(o.get('peak_alloc_gib'), '{:.1f}'):>8} "
             f"{str(t.get('num_float8_linears', '-')) + '/' + str(o.get('num_float8_linears', '-')):>11} "
-            f"{f(loss, '{:.4f}'):>8} {f(gap, '{:+.2%}'):>7}")
+            f"{f(loss, '{:.4f}'):>8} {f(gap, '{:+.2%}'):>7}"
+        )
         ob = tokens_per_sec(get("ours", recipe), args.seq_len) if variant else None
         if ob and to:
             lines[-1] += f"   (x ours {recipe}: {to / ob:.3f})"
         for r, who in ((t, "titan"), (o, "ours")):
             if r and not r.get("ok"):
                 lines.append(f"    {who} {name}: {r.get('error', '')[:300]}")
-    lines.append("tok/s from the median step time (CUDA events after each optimizer step, same hook on both sides); "
-                 "MFU against the dense bf16 peak; GiB = peak allocated over the training steps; "
-                 "fp8 lin = Float8Linear modules; loss50 = our runner's mean loss over the last 50 of "
-                 f"{args.loss_steps} steps ({args.loss_layers} layers), gap vs bf16.")
+    lines.append(
+        "tok/s from the median step time (CUDA events after each optimizer step, same hook on both sides); "
+        "MFU against the dense bf16 peak; GiB = peak allocated over the training steps; "
+        "fp8 lin = Float8Linear modules; loss50 = our runner's mean loss over the last 50 of "
+        f"{args.loss_steps} steps ({args.loss_layers} layers), gap vs bf16."
+    )
     return "\n".join(lines)
 
 
@@ -493,8 +629,10 @@ def profile_table(records: list[dict]) -> str:
     from bench.profile_fp8 import CATEGORIES
 
     names = [f"{r['system']}{'+' + r['variant'] if r.get('variant') else ''} {r['recipe']}"[:24] for r in rows]
-    lines = ["\nGPU kernel ms per step by category (profiled steps)", f"{'category':<40}"
-             + "".join(f"{n:>25}" for n in names)]
+    lines = [
+        "\nGPU kernel ms per step by category (profiled steps)",
+        f"{'category':<40}" + "".join(f"{n:>25}" for n in names),
+    ]
     for cat in CATEGORIES:
         lines.append(f"{cat:<40}" + "".join(f"{r['profile']['ms_per_step'].get(cat, 0.0):>25.1f}" for r in rows))
     lines.append(f"{'sum':<40}" + "".join(f"{sum(r['profile']['ms_per_step'].values()):>25.1f}" for r in rows))
@@ -508,8 +646,7 @@ def orchestrate(args) -> int:
     Path(args.work).mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
-    jobs = plan(args.recipes.split(","), [parse_variant(v) for v in args.variant_spec],
-                tuple(args.systems.split(",")))
+    jobs = plan(args.recipes.split(","), [parse_variant(v) for v in args.variant_spec], tuple(args.systems.split(",")))
     records = []
     with (out / "peer_logs.txt").open("a") as log:
         for job in jobs:
@@ -540,8 +677,13 @@ def main() -> int:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--dump-code", action="store_true", help="keep inductor's code of the profiled runs")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--ours-variant", dest="variant_spec", action="append", default=[],
-                    help="an extra run of ours: NAME:RECIPE:SETTING[,SETTING] (settings as in --set)")
+    ap.add_argument(
+        "--ours-variant",
+        dest="variant_spec",
+        action="append",
+        default=[],
+        help="an extra run of ours: NAME:RECIPE:SETTING[,SETTING] (settings as in --set)",
+    )
     ap.add_argument("--systems", default="titan,ours", help="which systems run the base recipes")
     ap.add_argument("--variant-loss", action="store_true", help="the --ours-variant runs get the loss check too")
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no job after this many seconds")

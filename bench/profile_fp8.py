@@ -24,10 +24,17 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.specs import RunSpec, resolve_layout  # noqa: E402
+from core.contracts.specs import RunSpec, resolve_layout  # noqa: E402
 
-CATEGORIES = ("gemm bf16", "gemm fp8", "attention", "triton fused (norm/rope/swiglu/casts)", "optimizer",
-              "communication", "other")
+CATEGORIES = (
+    "gemm bf16",
+    "gemm fp8",
+    "attention",
+    "triton fused (norm/rope/swiglu/casts)",
+    "optimizer",
+    "communication",
+    "other",
+)
 WAIT_STEPS, WARMUP_STEPS, ACTIVE_STEPS = 3, 1, 3  # profiler schedule, counted in optimizer steps
 
 
@@ -56,9 +63,20 @@ def category(kernel: str) -> str:
 
 def spec_for(precision: str, layers: int, seq_len: int, device_type: str, model: str) -> RunSpec:
     steps = WAIT_STEPS + WARMUP_STEPS + ACTIVE_STEPS + 1
-    return RunSpec(model=model, num_layers=layers, precision=precision, layout="fsdp",
-                   degrees=resolve_layout("fsdp", 1), scaling="weak", seq_len=seq_len, local_batch_size=1,
-                   steps=steps, warmup_steps=2, compile=device_type == "cuda", device_type=device_type)
+    return RunSpec(
+        model=model,
+        num_layers=layers,
+        precision=precision,
+        layout="fsdp",
+        degrees=resolve_layout("fsdp", 1),
+        scaling="weak",
+        seq_len=seq_len,
+        local_batch_size=1,
+        steps=steps,
+        warmup_steps=2,
+        compile=device_type == "cuda",
+        device_type=device_type,
+    )
 
 
 def profile_run(spec: RunSpec) -> tuple[dict[str, float], float | None, list[dict]]:
@@ -87,8 +105,14 @@ def profile_run(spec: RunSpec) -> tuple[dict[str, float], float | None, list[dic
         else:
             us = evt.self_cpu_time_total
         totals[category(evt.key)] += us / 1000 / ACTIVE_STEPS
-        kernels.append({"name": evt.key[:160], "calls": evt.count, "ms_per_step": us / 1000 / ACTIVE_STEPS,
-                        "category": category(evt.key)})
+        kernels.append(
+            {
+                "name": evt.key[:160],
+                "calls": evt.count,
+                "ms_per_step": us / 1000 / ACTIVE_STEPS,
+                "category": category(evt.key),
+            }
+        )
     kernels.sort(key=lambda k: -k["ms_per_step"])
     return dict(totals), result.summary.step_ms_median if result.summary else None, kernels[:40]
 
@@ -107,8 +131,12 @@ def main() -> None:
     for precision in args.precisions.split(","):
         t0 = time.monotonic()
         totals, step_ms, kernels = profile_run(spec_for(precision, args.layers, seq_len, device_type, model))
-        rows[precision] = {"ms_per_step": totals, "step_ms_median": step_ms, "wall_s": time.monotonic() - t0,
-                           "top_kernels": kernels}
+        rows[precision] = {
+            "ms_per_step": totals,
+            "step_ms_median": step_ms,
+            "wall_s": time.monotonic() - t0,
+            "top_kernels": kernels,
+        }
         print(f"{precision}: done in {rows[precision]['wall_s']:.0f} s", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -118,8 +146,10 @@ def main() -> None:
         print(f"\n{n}: top kernels (calls over {ACTIVE_STEPS} steps, ms per step, category)")
         for k in rows[n]["top_kernels"][:12]:
             print(f"  {k['ms_per_step']:8.2f} {k['calls']:6d}  {k['category']:<14.14} {k['name'][:90]}")
-    print(f"\n{model} x{args.layers} layers, {seq_len} tokens, {device_type}; "
-          f"{'GPU kernel' if device_type == 'cuda' else 'CPU op'} ms per step by category")
+    print(
+        f"\n{model} x{args.layers} layers, {seq_len} tokens, {device_type}; "
+        f"{'GPU kernel' if device_type == 'cuda' else 'CPU op'} ms per step by category"
+    )
     print(f"{'category':<40}" + "".join(f"{n:>20}" for n in names))
     for cat in CATEGORIES:
         print(f"{cat:<40}" + "".join(f"{rows[n]['ms_per_step'].get(cat, 0.0):>20.1f}" for n in names))

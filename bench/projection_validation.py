@@ -4,10 +4,10 @@
 
 The validation set is bench/published/*.json: one file per source, each series a published scaling result (the
 same model, layout, precision and per-GPU batch at two or more GPU counts) with its citation, and `projection`:
-how the series maps onto the step model (core.step_model's Workload and core.network's Network).
+how the series maps onto the step model (core.projection.step_model's Workload and core.projection.network's Network).
 
 For every series the projection starts from its smallest published N (N0) alone, exactly as the product projects
-a measured series (core.projection.projected_efficiency, the path of project_series without a breakdown), and
+a measured series (core.projection.model.projected_efficiency, the path of project_series without a breakdown), and
 E(N) = X(N) / (X(N0) N / N0) is compared with the published E at every other published N: miss = projected -
 published, in percentage points.
 
@@ -55,14 +55,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from core.network import COMPUTE_UNITS as NETWORK_COMPUTE_UNITS  # noqa: E402
-from core.network import Network  # noqa: E402
-from core.projection import projected_efficiency  # noqa: E402
-from core.shapes import ModelShape  # noqa: E402
-from core.step_model import Workload  # noqa: E402
+from core.catalog.shapes import ModelShape  # noqa: E402
+from core.projection.model import projected_efficiency  # noqa: E402
+from core.projection.network import COMPUTE_UNITS as NETWORK_COMPUTE_UNITS  # noqa: E402
+from core.projection.network import Network  # noqa: E402
+from core.projection.step_model import Workload  # noqa: E402
 
 PUBLISHED_DIR = REPO / "bench" / "published"
-COMPUTE_UNITS = NETWORK_COMPUTE_UNITS  # SMs / CUs per device (core.network)
+COMPUTE_UNITS = NETWORK_COMPUTE_UNITS  # SMs / CUs per device (core.projection.network)
 # The link efficiencies are searched within what NCCL is measured to reach (nccl-tests bus bandwidth on NVLink and
 # InfiniBand: roughly 0.75-0.95 of nominal for large messages), widened to 0.6 (intra) and 0.5 (inter): below that a
 # fitted efficiency would stand for losses the model lacks, not for the links.
@@ -162,30 +162,52 @@ def load_published(directory: Path = PUBLISHED_DIR) -> list[Published]:
             shape = ModelShape(**p["shape"]) if "shape" in p else None  # the whole model
             num_layers = p.get("num_layers") or (shape.num_layers if shape else 0)  # one pipeline stage's
             stage = dataclasses.replace(shape, num_layers=num_layers) if shape else None
-            w = Workload(model=p["model"], num_layers=num_layers, precision=p["precision"], layout=p["layout"],
-                         scaling=p.get("scaling", s["scaling"]), seq_len=int(p.get("seq_len", s["seq_len"])),
-                         local_batch_size=p.get("local_batch_size"), global_batch_size=p.get("global_batch_size"),
-                         fp8_all_gather=bool(p.get("fp8_all_gather", False)),
-                         activation_checkpointing=p.get("activation_checkpointing", "none"), shape=stage)
+            w = Workload(
+                model=p["model"],
+                num_layers=num_layers,
+                precision=p["precision"],
+                layout=p["layout"],
+                scaling=p.get("scaling", s["scaling"]),
+                seq_len=int(p.get("seq_len", s["seq_len"])),
+                local_batch_size=p.get("local_batch_size"),
+                global_batch_size=p.get("global_batch_size"),
+                fp8_all_gather=bool(p.get("fp8_all_gather", False)),
+                activation_checkpointing=p.get("activation_checkpointing", "none"),
+                shape=stage,
+            )
             net = p["network"]
             units = int(p.get("compute_units") or COMPUTE_UNITS[net["platform"]])
             vendor = "amd" if "AMD" in s["hardware"] else "nvidia"
-            out.append(Published(id=s["id"], source=source, vendor=vendor, citation=s["citation"], metric=s["metric"],
-                                 points=_per_gpu_tokens_per_sec(s, p, shape), workload=w,
-                                 gpus_per_node=int(p["gpus_per_node"]), network=net, compute_units=units,
-                                 pipeline_stages=int(p.get("pipeline_stages", 1)),
-                                 virtual_stages=int(p.get("virtual_stages", 1)),
-                                 micro_batch_size=p.get("micro_batch_size")))
+            out.append(
+                Published(
+                    id=s["id"],
+                    source=source,
+                    vendor=vendor,
+                    citation=s["citation"],
+                    metric=s["metric"],
+                    points=_per_gpu_tokens_per_sec(s, p, shape),
+                    workload=w,
+                    gpus_per_node=int(p["gpus_per_node"]),
+                    network=net,
+                    compute_units=units,
+                    pipeline_stages=int(p.get("pipeline_stages", 1)),
+                    virtual_stages=int(p.get("virtual_stages", 1)),
+                    micro_batch_size=p.get("micro_batch_size"),
+                )
+            )
     return out
 
 
 def network_for(s: Published, constants: dict[str, float]) -> Network:
     intra = constants["intra_node_efficiency"]
-    return Network(**s.network, intra_node_efficiency=intra,
-                   inter_node_efficiency=constants.get("inter_node_efficiency", intra),
-                   collective_sm_fraction=min(constants["collective_units"] / s.compute_units, 0.9),
-                   device_speed_cv=constants["device_speed_cv"],
-                   straggler_tail="exponential" if constants.get("straggler_tail_exponential", 1) else "normal")
+    return Network(
+        **s.network,
+        intra_node_efficiency=intra,
+        inter_node_efficiency=constants.get("inter_node_efficiency", intra),
+        collective_sm_fraction=min(constants["collective_units"] / s.compute_units, 0.9),
+        device_speed_cv=constants["device_speed_cv"],
+        straggler_tail="exponential" if constants.get("straggler_tail_exponential", 1) else "normal",
+    )
 
 
 def project(s: Published, constants: dict[str, float]) -> dict[int, float]:
@@ -194,8 +216,9 @@ def project(s: Published, constants: dict[str, float]) -> dict[int, float]:
     step has no pipeline bubble, so the bubble at N0 is taken out of the measured step and each N's put back."""
     k, n0 = s.pipeline_stages, s.n0
     x0_global = s.points[n0] * n0 * s.bubble(n0)  # the compute-to-communication ratio at N0 depends on it
-    eff = projected_efficiency(s.workload, network_for(s, constants), s.gpus_per_node, n0 // k, x0_global,
-                               [n // k for n in s.points])
+    eff = projected_efficiency(
+        s.workload, network_for(s, constants), s.gpus_per_node, n0 // k, x0_global, [n // k for n in s.points]
+    )
     return {n: eff[n // k] * s.bubble(n0) / s.bubble(n) for n in s.points}
 
 
@@ -264,8 +287,12 @@ def fits_per_fold(series: list[Published], variants: dict[str, Variant], workers
     evaluation, in `workers` processes (the grid search is the run's whole cost). A per-vendor variant's constants
     are {vendor: constants}."""
     sources = sorted({s.source for s in series})
-    jobs = [(name, src, vendor) for name, v in variants.items() for src in [*sources, None]
-            for vendor in (VENDORS if v.per_vendor else (None,))]
+    jobs = [
+        (name, src, vendor)
+        for name, v in variants.items()
+        for src in [*sources, None]
+        for vendor in (VENDORS if v.per_vendor else (None,))
+    ]
     args = [(series, variants[name], src, vendor) for name, src, vendor in jobs]
     if workers > 1:
         with concurrent.futures.ProcessPoolExecutor(workers) as pool:
@@ -281,8 +308,9 @@ def fits_per_fold(series: list[Published], variants: dict[str, Variant], workers
     return out
 
 
-def leave_one_source_out(series: list[Published], variant: Variant = Variant(),
-                         fitted: dict[str, dict[str, float]] | None = None) -> dict:
+def leave_one_source_out(
+    series: list[Published], variant: Variant = Variant(), fitted: dict[str, dict[str, float]] | None = None
+) -> dict:
     """Out-of-sample misses, with each source's constants from `fitted` ({held-out source: constants}, as
     fits_per_fold gives them) or fitted here."""
     sources = sorted({s.source for s in series})
@@ -295,9 +323,19 @@ def leave_one_source_out(series: list[Published], variant: Variant = Variant(),
             for n in sorted(s.points):
                 if n == s.n0:
                     continue
-                rows.append({"series": s.id, "source": src, "vendor": s.vendor, "n0": s.n0, "num_devices": n,
-                             "published_efficiency": pub[n], "projected_efficiency": proj[n],
-                             "miss_pp": 100 * (proj[n] - pub[n]), "doublings": math.log2(n / s.n0)})
+                rows.append(
+                    {
+                        "series": s.id,
+                        "source": src,
+                        "vendor": s.vendor,
+                        "n0": s.n0,
+                        "num_devices": n,
+                        "published_efficiency": pub[n],
+                        "projected_efficiency": proj[n],
+                        "miss_pp": 100 * (proj[n] - pub[n]),
+                        "doublings": math.log2(n / s.n0),
+                    }
+                )
     # Nested coverage: each source's points against the q calibrated on the other sources' out-of-sample misses.
     per_source_inside: dict[str, list[bool]] = {}
     for src in sources:
@@ -334,8 +372,16 @@ def leave_one_source_out(series: list[Published], variant: Variant = Variant(),
 
 def _table_key(s: Published) -> tuple:
     w = s.workload
-    return (s.source, w.layout, w.precision, w.scaling, w.seq_len, s.gpus_per_node, s.pipeline_stages,
-            json.dumps(s.network, sort_keys=True))
+    return (
+        s.source,
+        w.layout,
+        w.precision,
+        w.scaling,
+        w.seq_len,
+        s.gpus_per_node,
+        s.pipeline_stages,
+        json.dumps(s.network, sort_keys=True),
+    )
 
 
 def _micro_step_s(s: Published, n: int) -> float:
@@ -365,97 +411,156 @@ def monotone_floor(series: list[Published]) -> list[dict]:
         pub_a = a.published_efficiency()
         ns = sorted(pub_a)
         for i, ni in enumerate(ns):
-            for nj in ns[i + 1:]:
+            for nj in ns[i + 1 :]:
                 rise = pub_a[nj] - pub_a[ni]
                 if rise > 0:
                     floor = rise if ni == a.n0 else rise / 2
-                    rows.append({"kind": "rise within a series", "series": [a.id], "num_devices": nj,
-                                 "from_num_devices": ni, "floor_pp": 100 * floor})
+                    rows.append(
+                        {
+                            "kind": "rise within a series",
+                            "series": [a.id],
+                            "num_devices": nj,
+                            "from_num_devices": ni,
+                            "floor_pp": 100 * floor,
+                        }
+                    )
         if a.workload.scaling != "weak" or a.pipeline_stages != 1:
             continue
         for b in series:
             m = b.n0
-            if b is a or _table_key(b) != _table_key(a) or m < a.n0 or m not in a.points \
-                    or _params_per_flop(a) < _params_per_flop(b) or _micro_step_s(a, m) > _micro_step_s(b, m):
+            if (
+                b is a
+                or _table_key(b) != _table_key(a)
+                or m < a.n0
+                or m not in a.points
+                or _params_per_flop(a) < _params_per_flop(b)
+                or _micro_step_s(a, m) > _micro_step_s(b, m)
+            ):
                 continue
             pub_b = b.published_efficiency()
             for n in sorted(set(a.points) & set(b.points)):
                 gap = pub_a[n] - pub_b[n]
                 if n > m and gap > 0:
-                    rows.append({"kind": "two series of one table", "series": [a.id, b.id], "num_devices": n,
-                                 "from_num_devices": m, "floor_pp": 100 * gap / 2,
-                                 "params_per_flop_ratio": _params_per_flop(a) / _params_per_flop(b),
-                                 "micro_step_s": [_micro_step_s(a, m), _micro_step_s(b, m)]})
+                    rows.append(
+                        {
+                            "kind": "two series of one table",
+                            "series": [a.id, b.id],
+                            "num_devices": n,
+                            "from_num_devices": m,
+                            "floor_pp": 100 * gap / 2,
+                            "params_per_flop_ratio": _params_per_flop(a) / _params_per_flop(b),
+                            "micro_step_s": [_micro_step_s(a, m), _micro_step_s(b, m)],
+                        }
+                    )
     return sorted(rows, key=lambda r: -r["floor_pp"])
 
 
 def markdown(report: dict) -> str:
     chosen = report["variants"][report["shipped_variant"]]
     lines = [
-        f"# Projection validation: leave-one-source-out on published scaling results ({report['date']})", "",
-        "```", report["command"], "```", "",
+        f"# Projection validation: leave-one-source-out on published scaling results ({report['date']})",
+        "",
+        "```",
+        report["command"],
+        "```",
+        "",
         f"CPU only: Python {report['python']}, {report['workers']} processes, {report['wall_s']} s. The result is "
-        "deterministic (grid searches over published figures).", "",
+        "deterministic (grid searches over published figures).",
+        "",
         f"{report['num_series']} series from {report['num_sources']} independent sources "
         f"({', '.join(report['sources'])}; vendors: {', '.join(report['vendors'])}); {chosen['num_points']} "
         "published points beyond each series' N0. Every series is projected from its smallest published N alone "
         "with the constants fitted on the other sources only. miss = projected E(N) - published E(N), percentage "
         "points. The 80% interval is +-q x log2(N / N0) pp; nested coverage checks each source against the q of "
-        "the other sources (per point, and the mean over sources of each source's share).", "",
-        "## Terms (leave-one-source-out, every variant refitted per fold)", "",
+        "the other sources (per point, and the mean over sources of each source's share).",
+        "",
+        "## Terms (leave-one-source-out, every variant refitted per fold)",
+        "",
         "| variant | constants | mean abs miss (points) | mean over series | worst miss | worst up to 128 GPUs | "
         "points up to 128 within 1.5 pp | q, pp per doubling | nested coverage (points) | (mean over sources) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, v in report["variants"].items():
-        lines.append(f"| {name} | {v['num_constants']} | {v['mean_abs_miss_pp']:.2f} | "
-                     f"{v['series_mean_abs_miss_pp']:.2f} | {v['worst_miss_pp']:+.2f} | "
-                     f"{v['worst_miss_up_to_128_pp']:+.2f} | {v['points_up_to_128_within_1_5_pp']}/"
-                     f"{v['points_up_to_128']} | {v['interval_pp_per_doubling']:.2f} | "
-                     f"{v['nested_coverage']:.0%} | {v['nested_coverage_source_mean']:.0%} |")
-    lines += ["", f"Shipped: **{report['shipped_variant']}** ({report['shipped_reason']}).", "",
-              "## Per series (shipped variant, out of sample)", "",
-              "| series | source | N0 | N: miss pp (inside the nested 80% interval?) | mean abs | worst |",
-              "| --- | --- | --- | --- | --- | --- |"]
+        lines.append(
+            f"| {name} | {v['num_constants']} | {v['mean_abs_miss_pp']:.2f} | "
+            f"{v['series_mean_abs_miss_pp']:.2f} | {v['worst_miss_pp']:+.2f} | "
+            f"{v['worst_miss_up_to_128_pp']:+.2f} | {v['points_up_to_128_within_1_5_pp']}/"
+            f"{v['points_up_to_128']} | {v['interval_pp_per_doubling']:.2f} | "
+            f"{v['nested_coverage']:.0%} | {v['nested_coverage_source_mean']:.0%} |"
+        )
+    lines += [
+        "",
+        f"Shipped: **{report['shipped_variant']}** ({report['shipped_reason']}).",
+        "",
+        "## Per series (shipped variant, out of sample)",
+        "",
+        "| series | source | N0 | N: miss pp (inside the nested 80% interval?) | mean abs | worst |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for sid, v in chosen["per_series"].items():
         pts = [r for r in chosen["points"] if r["series"] == sid]
-        cells = ", ".join(f"{r['num_devices']}: {r['miss_pp']:+.2f}{'' if r['inside_interval'] else ' (out)'}"
-                          for r in pts)
-        lines.append(f"| {sid} | {pts[0]['source']} | {pts[0]['n0']} | {cells} | {v['mean_abs_miss_pp']:.2f} | "
-                     f"{v['worst_miss_pp']:+.2f} |")
-    lines += ["", "## The interval (shipped variant)", "",
-              "| source | score: 80th percentile of abs(miss) / log2(N/N0), pp | nested q (other sources), pp | "
-              "points inside |", "| --- | --- | --- | --- |"]
+        cells = ", ".join(
+            f"{r['num_devices']}: {r['miss_pp']:+.2f}{'' if r['inside_interval'] else ' (out)'}" for r in pts
+        )
+        lines.append(
+            f"| {sid} | {pts[0]['source']} | {pts[0]['n0']} | {cells} | {v['mean_abs_miss_pp']:.2f} | "
+            f"{v['worst_miss_pp']:+.2f} |"
+        )
+    lines += [
+        "",
+        "## The interval (shipped variant)",
+        "",
+        "| source | score: 80th percentile of abs(miss) / log2(N/N0), pp | nested q (other sources), pp | "
+        "points inside |",
+        "| --- | --- | --- | --- |",
+    ]
     for src, score in chosen["source_scores_pp_per_doubling"].items():
         q = next(r["interval_half_width_pp"] / r["doublings"] for r in chosen["points"] if r["source"] == src)
         lines.append(f"| {src} | {score:.2f} | {q:.2f} | {chosen['nested_coverage_per_source'][src]} |")
-    lines += ["", f"Shipped q: {report['shipped_interval_pp_per_doubling']:.2f} pp per doubling of N / N0 (the "
-              f"split-conformal 80% quantile of the {report['num_sources']} source scores). Sources with at least "
-              f"80% of their points inside the nested interval: {chosen['sources_mostly_covered']} of "
-              f"{report['num_sources']}.", "",
-              "## Constants fitted on all sources (the product's defaults)", "",
-              "| constant | value |", "| --- | --- |"]
+    lines += [
+        "",
+        f"Shipped q: {report['shipped_interval_pp_per_doubling']:.2f} pp per doubling of N / N0 (the "
+        f"split-conformal 80% quantile of the {report['num_sources']} source scores). Sources with at least "
+        f"80% of their points inside the nested interval: {chosen['sources_mostly_covered']} of "
+        f"{report['num_sources']}.",
+        "",
+        "## Constants fitted on all sources (the product's defaults)",
+        "",
+        "| constant | value |",
+        "| --- | --- |",
+    ]
     for k, v in report["shipped_constants"].items():
         lines.append(f"| {k} | {v:g} |")
-    lines += [f"| interval half-width, pp per doubling of N/N0 | {report['shipped_interval_pp_per_doubling']:.2f} |",
-              f"| largest validated N | {report['largest_validated_num_devices']} |", "",
-              "Constants fitted per held-out source (shipped variant): "
-              + "; ".join(f"{src}: {_constants_text(c)}"
-                          for src, c in chosen["fitted_per_held_out_source"].items() if src is not None),
-              ""]
+    lines += [
+        f"| interval half-width, pp per doubling of N/N0 | {report['shipped_interval_pp_per_doubling']:.2f} |",
+        f"| largest validated N | {report['largest_validated_num_devices']} |",
+        "",
+        "Constants fitted per held-out source (shipped variant): "
+        + "; ".join(
+            f"{src}: {_constants_text(c)}" for src, c in chosen["fitted_per_held_out_source"].items() if src is not None
+        ),
+        "",
+    ]
     for name, c in report["per_vendor_constants"].items():
         lines += [f"Variant '{name}', fitted on all sources: {_constants_text(c)}.", ""]
     floor = report["monotone_floor"]
-    lines += ["## What any model of a wide family must miss (from the published figures alone)", "",
-              "A model in which E does not rise with N, and in which, of two weak-scaling series of one table, the one "
-              "that moves at least as many parameters per FLOP in a step no longer than the other's loses at least as "
-              "much, misses one of each pair below by at least the floor (half the published gap; a rise of E within "
-              "a series costs half of it, all of it from N0). Largest floor up to 128 GPUs: "
-              f"**{report['monotone_floor_up_to_128_pp']:.2f} pp**.", "",
-              "| kind | series | from N | at N | floor, pp |", "| --- | --- | --- | --- | --- |"]
+    lines += [
+        "## What any model of a wide family must miss (from the published figures alone)",
+        "",
+        "A model in which E does not rise with N, and in which, of two weak-scaling series of one table, the one "
+        "that moves at least as many parameters per FLOP in a step no longer than the other's loses at least as "
+        "much, misses one of each pair below by at least the floor (half the published gap; a rise of E within "
+        "a series costs half of it, all of it from N0). Largest floor up to 128 GPUs: "
+        f"**{report['monotone_floor_up_to_128_pp']:.2f} pp**.",
+        "",
+        "| kind | series | from N | at N | floor, pp |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in floor[:8]:
-        lines.append(f"| {r['kind']} | {' vs '.join(r['series'])} | {r['from_num_devices']} | {r['num_devices']} | "
-                     f"{r['floor_pp']:.2f} |")
+        lines.append(
+            f"| {r['kind']} | {' vs '.join(r['series'])} | {r['from_num_devices']} | {r['num_devices']} | "
+            f"{r['floor_pp']:.2f} |"
+        )
     return "\n".join(lines + [""])
 
 
@@ -466,40 +571,63 @@ def _constants_text(c: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=f"bench/results/{dt.date.today():%Y-%m-%d}-projection-validation",
-                    help="output path without extension (.json and .md are written)")
+    ap.add_argument(
+        "--out",
+        default=f"bench/results/{dt.date.today():%Y-%m-%d}-projection-validation",
+        help="output path without extension (.json and .md are written)",
+    )
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the grid searches")
     args = ap.parse_args()
     t0 = time.perf_counter()
     series = load_published()
     fitted = fits_per_fold(series, VARIANTS, workers=args.workers)
-    variants = {name: leave_one_source_out(series, v, fitted[name]) | {"num_constants": v.num_constants}
-                for name, v in VARIANTS.items()}
+    variants = {
+        name: leave_one_source_out(series, v, fitted[name]) | {"num_constants": v.num_constants}
+        for name, v in VARIANTS.items()
+    }
     # Ship the variant with the fewest constants whose out-of-sample mean miss is within 0.05 pp of the best one.
     best = min(v["series_mean_abs_miss_pp"] for v in variants.values())
-    shipped = min((n for n, v in variants.items() if v["series_mean_abs_miss_pp"] <= best + 0.05),
-                  key=lambda n: (VARIANTS[n].num_constants, variants[n]["series_mean_abs_miss_pp"]))
-    reason = ("the variant with the fewest constants within 0.05 pp of the lowest out-of-sample mean miss "
-              f"({best:.2f} pp over series)")
+    shipped = min(
+        (n for n, v in variants.items() if v["series_mean_abs_miss_pp"] <= best + 0.05),
+        key=lambda n: (VARIANTS[n].num_constants, variants[n]["series_mean_abs_miss_pp"]),
+    )
+    reason = (
+        "the variant with the fewest constants within 0.05 pp of the lowest out-of-sample mean miss "
+        f"({best:.2f} pp over series)"
+    )
     constants = fitted[shipped][None]
     floor = monotone_floor(series)
     in_sample = loss(series, constants)
     report = {
         "date": f"{dt.date.today():%Y-%m-%d}",
         "command": "python bench/projection_validation.py",
-        "num_series": len(series), "sources": sorted({s.source for s in series}),
+        "num_series": len(series),
+        "sources": sorted({s.source for s in series}),
         "num_sources": len({s.source for s in series}),
         "vendors": sorted({s.vendor for s in series}),
-        "series": [{"id": s.id, "source": s.source, "vendor": s.vendor, "citation": s.citation,
-                    "published_efficiency": s.published_efficiency()} for s in series],
-        "variants": variants, "shipped_variant": shipped, "shipped_reason": reason,
-        "shipped_constants": constants, "shipped_in_sample_series_mean_abs_miss_pp": in_sample,
+        "series": [
+            {
+                "id": s.id,
+                "source": s.source,
+                "vendor": s.vendor,
+                "citation": s.citation,
+                "published_efficiency": s.published_efficiency(),
+            }
+            for s in series
+        ],
+        "variants": variants,
+        "shipped_variant": shipped,
+        "shipped_reason": reason,
+        "shipped_constants": constants,
+        "shipped_in_sample_series_mean_abs_miss_pp": in_sample,
         "shipped_interval_pp_per_doubling": variants[shipped]["interval_pp_per_doubling"],
         "largest_validated_num_devices": max(max(s.points) for s in series),
         "per_vendor_constants": {name: fitted[name][None] for name, v in VARIANTS.items() if v.per_vendor},
         "monotone_floor": floor,
         "monotone_floor_up_to_128_pp": max((r["floor_pp"] for r in floor if r["num_devices"] <= 128), default=0.0),
-        "wall_s": round(time.perf_counter() - t0, 1), "workers": args.workers, "python": platform.python_version(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "workers": args.workers,
+        "python": platform.python_version(),
     }
     out = REPO / args.out
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")

@@ -35,10 +35,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cli.stack import Stack  # noqa: E402
-from core import procs  # noqa: E402
+from osutil import procs  # noqa: E402
 
-SPEC = {"name": "queue overhead", "model": "debug", "cluster": "local-cpu", "gpu_counts": [1], "precisions": ["bf16"],
-        "seq_len": 32, "local_batch_size": 1, "steps": 3, "warmup_steps": 1, "timeout_s": 300}
+SPEC = {
+    "name": "queue overhead",
+    "model": "debug",
+    "cluster": "local-cpu",
+    "gpu_counts": [1],
+    "precisions": ["bf16"],
+    "seq_len": 32,
+    "local_batch_size": 1,
+    "steps": 3,
+    "warmup_steps": 1,
+    "timeout_s": 300,
+}
 FIRST_LINE_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[rank0\]", re.M)
 POLL_S = 0.02
 
@@ -72,16 +82,23 @@ def measure_one(client: httpx.Client) -> dict[str, float]:
     while procs.pids_with_arg(str(run_dir / "spec.json")):
         time.sleep(POLL_S)
     time.sleep(0.5)
-    return {"run_id": run_id, "post_to_claim_s": _ts(run["started_at"]) - t_post,
-            "post_to_spawn_s": handle["started_at"] - t_post,
-            "post_to_runner_s": (runner_start - t_post) if runner_start else float("nan"),
-            "exit_to_visible_s": t_visible - (run_dir / "result.json").stat().st_mtime}
+    return {
+        "run_id": run_id,
+        "post_to_claim_s": _ts(run["started_at"]) - t_post,
+        "post_to_spawn_s": handle["started_at"] - t_post,
+        "post_to_runner_s": (runner_start - t_post) if runner_start else float("nan"),
+        "exit_to_visible_s": t_visible - (run_dir / "result.json").stat().st_mtime,
+    }
 
 
 def _stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"median": statistics.median(ordered), "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
-            "min": ordered[0], "max": ordered[-1]}
+    return {
+        "median": statistics.median(ordered),
+        "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
 
 
 def main() -> None:
@@ -91,14 +108,32 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/9")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "root", "-d", "postgres", "-q", "-c",
-                    f"DROP DATABASE IF EXISTS {args.db} WITH (FORCE)", "-c", f"CREATE DATABASE {args.db}"], check=True)
+    subprocess.run(
+        [
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "root",
+            "-d",
+            "postgres",
+            "-q",
+            "-c",
+            f"DROP DATABASE IF EXISTS {args.db} WITH (FORCE)",
+            "-c",
+            f"CREATE DATABASE {args.db}",
+        ],
+        check=True,
+    )
     redis.Redis.from_url(args.redis).flushdb()
     data_dir = REPO / ".scalebench" / "bench-queue"
     shutil.rmtree(data_dir, ignore_errors=True)  # run dirs of a previous database would hold old logs
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCALEBENCH_")}
-    env |= {"DATABASE_URL": f"postgresql+psycopg://root@127.0.0.1:5432/{args.db}", "REDIS_URL": args.redis,
-            "SCALEBENCH_DATA_DIR": str(data_dir)}
+    env |= {
+        "DATABASE_URL": f"postgresql+psycopg://root@127.0.0.1:5432/{args.db}",
+        "REDIS_URL": args.redis,
+        "SCALEBENCH_DATA_DIR": str(data_dir),
+    }
     with Stack(port=8765, env=env) as stack:
         headers = {"Authorization": f"Bearer {stack.create_token('bench')}"}
         with httpx.Client(base_url=stack.url, headers=headers, timeout=30) as client:
@@ -106,12 +141,16 @@ def main() -> None:
             rows = []
             for i in range(args.runs):
                 rows.append(measure_one(client))
-                print(f"run {i + 1:>2}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items() if k != "run_id"),
-                      flush=True)
+                print(
+                    f"run {i + 1:>2}: " + ", ".join(f"{k} {v:.3f}" for k, v in rows[-1].items() if k != "run_id"),
+                    flush=True,
+                )
     keys = ("post_to_claim_s", "post_to_spawn_s", "post_to_runner_s", "exit_to_visible_s")
     summary = {k: _stats([r[k] for r in rows]) for k in keys}
-    print(f"\n{args.runs} runs, Redis broker {args.redis}, Postgres {args.db}; {platform.node()}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"\n{args.runs} runs, Redis broker {args.redis}, Postgres {args.db}; {platform.node()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'metric':<20} {'median':>8} {'p90':>8} {'min':>8} {'max':>8}")
     for k in keys:
         s = summary[k]

@@ -48,20 +48,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import free_port, fresh_database, start_uvicorn, versions  # noqa: E402
-from core.clusters import Cluster  # noqa: E402
-from core.matrix import expand  # noqa: E402
-from core.specs import ExperimentSpec, RunResult, RunSpec  # noqa: E402
-from db.analysis import loss_curve_row  # noqa: E402
+from core.contracts.clusters import Cluster  # noqa: E402
+from core.contracts.matrix import expand  # noqa: E402
+from core.contracts.specs import ExperimentSpec, RunResult, RunSpec  # noqa: E402
 from db.experiments import create_experiment  # noqa: E402
 from db.models import Run, RunLossCurve, RunSummary  # noqa: E402
+from db.points import loss_curve_row  # noqa: E402
 from db.runs import claim_run, record_result  # noqa: E402
 from db.session import make_engine, make_session_factory, session_scope  # noqa: E402
 
 log = logging.getLogger("scaling_load")
 BENCH_DB = "scalebench_bench_scaling"
 REDIS_URL = "redis://127.0.0.1:6379/12"  # the app's Celery client connects lazily; nothing is published
-CLUSTER = Cluster(name="h200-big", vendor="nvidia", device_name="NVIDIA H200", gpus_per_node=8, max_nodes=512,
-                  launcher="slurm", queue="h200-big")
+CLUSTER = Cluster(
+    name="h200-big",
+    vendor="nvidia",
+    device_name="NVIDIA H200",
+    gpus_per_node=8,
+    max_nodes=512,
+    launcher="slurm",
+    queue="h200-big",
+)
 CLUSTERS_TOML = """[[cluster]]
 name = "h200-big"
 vendor = "nvidia"
@@ -71,11 +78,18 @@ max_nodes = 512
 launcher = "slurm"
 queue = "h200-big"
 """
-SPEC = ExperimentSpec(name="bench 8b scaling, 2000 runs", model="8b", cluster="h200-big",
-                      gpu_counts=[8 * 2**i for i in range(10)],  # 8 .. 4096
-                      precisions=["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"],
-                      layouts=["fsdp", "ddp", "hsdp:shard=8", "tp=2+fsdp", "tp=4+fsdp"], repeats=10,
-                      seq_len=8192, steps=100, warmup_steps=5)
+SPEC = ExperimentSpec(
+    name="bench 8b scaling, 2000 runs",
+    model="8b",
+    cluster="h200-big",
+    gpu_counts=[8 * 2**i for i in range(10)],  # 8 .. 4096
+    precisions=["bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp"],
+    layouts=["fsdp", "ddp", "hsdp:shard=8", "tp=2+fsdp", "tp=4+fsdp"],
+    repeats=10,
+    seq_len=8192,
+    steps=100,
+    warmup_steps=5,
+)
 STEPS_PER_RUN = 100
 SPEEDUP = {"bf16": 1.0, "fp8-tensorwise": 1.16, "fp8-rowwise": 1.03, "fp8-rowwise-gw-hp": 1.10}
 
@@ -104,10 +118,19 @@ def _losses(final: float) -> list[float]:
 
 def _summary(r: RunSpec, per_device: float, tps: float) -> dict:
     step_ms = r.tokens_per_step / tps * 1000
-    return dict(num_timed_steps=95, tokens_per_step=r.tokens_per_step, tokens_per_sec=tps,
-                tokens_per_sec_per_device=per_device, step_ms_median=step_ms, step_ms_min=step_ms * 0.99,
-                step_ms_max=step_ms * 1.01, flops_per_token=10**10, tflops_per_device=400.0, mfu_vs_bf16_peak=0.4,
-                peak_memory_allocated_gib=60.0)
+    return dict(
+        num_timed_steps=95,
+        tokens_per_step=r.tokens_per_step,
+        tokens_per_sec=tps,
+        tokens_per_sec_per_device=per_device,
+        step_ms_median=step_ms,
+        step_ms_min=step_ms * 0.99,
+        step_ms_max=step_ms * 1.01,
+        flops_per_token=10**10,
+        tflops_per_device=400.0,
+        mfu_vs_bf16_peak=0.4,
+        peak_memory_allocated_gib=60.0,
+    )
 
 
 def seed(url: str, num_runs: int, num_running: int) -> tuple[int, list[tuple[int, RunSpec]]]:
@@ -151,7 +174,7 @@ def seed(url: str, num_runs: int, num_running: int) -> tuple[int, list[tuple[int
             cur.copy("COPY step_metrics (run_id, step, loss, step_ms, tokens, warmup) FROM STDIN") as cp,
         ):
             cp.write(copy_rows.getvalue())
-        running = list(zip(run_ids, runs))[num_runs - num_running:]
+        running = list(zip(run_ids, runs))[num_runs - num_running :]
         for run_id, _ in running:
             assert claim_run(s, run_id, "bench", "bench", 3600)
         exp_id = exp.id
@@ -159,8 +182,10 @@ def seed(url: str, num_runs: int, num_running: int) -> tuple[int, list[tuple[int
         conn.execute(sa.text("VACUUM ANALYZE"))  # what autovacuum does soon after a bulk load
         counts = conn.execute(sa.text("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM step_metrics)")).one()
     engine.dispose()
-    print(f"seeded experiment {exp_id}: {counts[0]} runs ({num_running} left running), {counts[1]} step records "
-          f"in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"seeded experiment {exp_id}: {counts[0]} runs ({num_running} left running), {counts[1]} step records "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
     return exp_id, running
 
 
@@ -365,11 +390,19 @@ def record_then_read(url: str, base: str, path: str, running: list[tuple[int, Ru
     with httpx.Client(base_url=base, timeout=60) as client:
         for i, (run_id, r) in enumerate(running):
             per_device, tps, final = _values(rng, r)
-            steps = [{"step": st, "loss": loss, "step_ms": 100.0, "tokens": r.tokens_per_step, "warmup": st < 5}
-                     for st, loss in enumerate(_losses(final))]
-            result = RunResult.model_validate({"run_key": r.run_key(), "status": "succeeded", "steps": steps,
-                                               "summary": _summary(r, per_device, tps),
-                                               "numerics": {"final_loss": final}})
+            steps = [
+                {"step": st, "loss": loss, "step_ms": 100.0, "tokens": r.tokens_per_step, "warmup": st < 5}
+                for st, loss in enumerate(_losses(final))
+            ]
+            result = RunResult.model_validate(
+                {
+                    "run_key": r.run_key(),
+                    "status": "succeeded",
+                    "steps": steps,
+                    "summary": _summary(r, per_device, tps),
+                    "numerics": {"final_loss": final},
+                }
+            )
             t = time.perf_counter()
             with session_scope(factory) as s:
                 ok = record_result(s, run_id, result)

@@ -4,11 +4,11 @@
     python bench/scaling_sweep.py --smoke --out /tmp/sweep-smoke          # CPU: debug shape, gloo, N in 1, 2
     python bench/scaling_sweep.py --record DIR --png bench/results/x.png  # here: import DIR's payloads via the API
 
-Sweep: the YAML's ExperimentSpecs -> core.matrix.expand against the YAML's cluster (gpus_per_node = the
+Sweep: the YAML's ExperimentSpecs -> core.contracts.matrix.expand against the YAML's cluster (gpus_per_node = the
 devices torch sees) -> every RunSpec whose N fits the devices present, deduplicated by run key, smallest N
 and bf16 first (its compile warms TORCHINDUCTOR_CACHE_DIR) -> `python3 -m torch.distributed.run --standalone
 --nproc-per-node N -m runner --spec spec.json --out result.json` (worker/launchers/local.py's command and
-environment: NCCL_* and friends pass through) -> RunResults -> core.scaling.build_report (X, E, S, MFU,
+environment: NCCL_* and friends pass through) -> RunResults -> core.analysis.scaling.build_report (X, E, S, MFU,
 memory) -> api.plots.render_scaling_png. Writes under --out: results.json (specs, results, not-run points),
 report.json, scaling.png, import-<i>.json (bodies for POST /experiments/import), table.txt. The table is
 printed last. Points with N above the devices present are listed as not run, with the reason.
@@ -34,15 +34,23 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from core.clusters import Cluster  # noqa: E402
-from core.matrix import expand  # noqa: E402
-from core.scaling import RunPoint, ScalingReport, build_report  # noqa: E402
-from core.specs import ExperimentSpec, RunError, RunResult, RunSpec  # noqa: E402
+from core.analysis.scaling import RunPoint, ScalingReport, build_report  # noqa: E402
+from core.contracts.clusters import Cluster  # noqa: E402
+from core.contracts.matrix import expand  # noqa: E402
+from core.contracts.specs import ExperimentSpec, RunError, RunResult, RunSpec  # noqa: E402
 
 log = logging.getLogger("scaling_sweep")
 PRECISION_ORDER = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp32")
-SMOKE = {"model": "debug", "num_layers": 2, "seq_len": 64, "steps": 4, "warmup_steps": 1, "lr_warmup_steps": 0,
-         "compile": False, "timeout_s": 120}
+SMOKE = {
+    "model": "debug",
+    "num_layers": 2,
+    "seq_len": 64,
+    "steps": 4,
+    "warmup_steps": 1,
+    "lr_warmup_steps": 0,
+    "compile": False,
+    "timeout_s": 120,
+}
 REPORT_RESERVE_S = 20.0  # kept back from the budget for the report, the PNG and the payloads
 
 
@@ -82,8 +90,10 @@ def plan(cluster: Cluster, exps: list[ExperimentSpec], num_devices: int):
                 ns += [] if r.num_devices in ns else [r.num_devices]
             else:
                 unique.setdefault((r.run_key(), r.repeat), r)
-    order = sorted(unique.values(), key=lambda r: (r.num_devices, PRECISION_ORDER.index(r.precision),
-                                                   r.layout != "fsdp", r.layout, r.repeat))
+    order = sorted(
+        unique.values(),
+        key=lambda r: (r.num_devices, PRECISION_ORDER.index(r.precision), r.layout != "fsdp", r.layout, r.repeat),
+    )
     lines = [f"{p}/{lay} N={','.join(map(str, ns))}: only {num_devices} GPUs lent" for (p, lay), ns in not_run.items()]
     return order, members, lines, list(dict.fromkeys(impossible))
 
@@ -112,14 +122,34 @@ def run_one(spec: RunSpec, run_dir: Path, timeout_s: float) -> tuple[RunResult, 
     (run_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
     out = run_dir / "result.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.num_devices),
-           "-m", "runner", "--spec", str(run_dir / "spec.json"), "--out", str(out)]
-    log.info("start %s/%s/N=%d (timeout %.0f s): %s", spec.precision, spec.layout, spec.num_devices, timeout_s,
-             " ".join(cmd))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(spec.num_devices),
+        "-m",
+        "runner",
+        "--spec",
+        str(run_dir / "spec.json"),
+        "--out",
+        str(out),
+    ]
+    log.info(
+        "start %s/%s/N=%d (timeout %.0f s): %s", spec.precision, spec.layout, spec.num_devices, timeout_s, " ".join(cmd)
+    )
     t0 = time.monotonic()
     with (run_dir / "log.txt").open("wb") as log_file:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                env=launch_env(spec, os.cpu_count() or 1), cwd=str(run_dir), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=launch_env(spec, os.cpu_count() or 1),
+            cwd=str(run_dir),
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -147,13 +177,23 @@ def run_one(spec: RunSpec, run_dir: Path, timeout_s: float) -> tuple[RunResult, 
 
 def run_point(i: int, spec: RunSpec, res: RunResult) -> RunPoint:
     s, n = res.summary, res.numerics
-    return RunPoint(run_id=i, model=spec.model, num_layers=spec.num_layers, precision=spec.precision,
-                    layout=spec.layout, scaling=spec.scaling, cluster=spec.cluster, num_devices=spec.num_devices,
-                    status=res.status, tokens_per_sec=s.tokens_per_sec if s else None,
-                    step_ms_median=s.step_ms_median if s else None, mfu_vs_bf16_peak=s.mfu_vs_bf16_peak if s else None,
-                    mfu_vs_precision_peak=s.mfu_vs_precision_peak if s else None,
-                    peak_memory_allocated_gib=s.peak_memory_allocated_gib if s else None,
-                    final_loss=n.final_loss if n else None)
+    return RunPoint(
+        run_id=i,
+        model=spec.model,
+        num_layers=spec.num_layers,
+        precision=spec.precision,
+        layout=spec.layout,
+        scaling=spec.scaling,
+        cluster=spec.cluster,
+        num_devices=spec.num_devices,
+        status=res.status,
+        tokens_per_sec=s.tokens_per_sec if s else None,
+        step_ms_median=s.step_ms_median if s else None,
+        mfu_vs_bf16_peak=s.mfu_vs_bf16_peak if s else None,
+        mfu_vs_precision_peak=s.mfu_vs_precision_peak if s else None,
+        peak_memory_allocated_gib=s.peak_memory_allocated_gib if s else None,
+        final_loss=n.final_loss if n else None,
+    )
 
 
 def import_body(exp: ExperimentSpec, cluster: Cluster, done: dict, members: list, i: int) -> dict | None:
@@ -164,19 +204,39 @@ def import_body(exp: ExperimentSpec, cluster: Cluster, done: dict, members: list
         if j != i or res is None or res.status != "succeeded":
             continue
         s, env = res.summary, res.environment
-        points.append({"num_devices": spec.num_devices, "precision": spec.precision, "layout": spec.layout,
-                       "tokens_per_sec": s.tokens_per_sec, "step_ms": s.step_ms_median,
-                       "peak_memory_gib": s.peak_memory_allocated_gib, "final_loss": res.numerics.final_loss,
-                       "loss_curve": res.numerics.loss_curve, "repeat": spec.repeat,
-                       "environment": env.model_dump(mode="json") if env else {}})
+        points.append(
+            {
+                "num_devices": spec.num_devices,
+                "precision": spec.precision,
+                "layout": spec.layout,
+                "tokens_per_sec": s.tokens_per_sec,
+                "step_ms": s.step_ms_median,
+                "peak_memory_gib": s.peak_memory_allocated_gib,
+                "final_loss": res.numerics.final_loss,
+                "loss_curve": res.numerics.loss_curve,
+                "repeat": spec.repeat,
+                "environment": env.model_dump(mode="json") if env else {},
+            }
+        )
     if not points:
         return None
     device = points[0]["environment"].get("device_name") or cluster.device_name
-    return {"name": exp.name, "model": exp.model, "num_layers": exp.num_layers, "cluster": cluster.name,
-            "vendor": cluster.vendor, "device_name": device, "scaling": exp.scaling, "seq_len": exp.seq_len,
-            "local_batch_size": exp.local_batch_size, "compile": exp.compile,
-            "activation_checkpointing": exp.activation_checkpointing, "fp8_all_gather": exp.fp8_all_gather,
-            "tags": exp.tags, "points": points}
+    return {
+        "name": exp.name,
+        "model": exp.model,
+        "num_layers": exp.num_layers,
+        "cluster": cluster.name,
+        "vendor": cluster.vendor,
+        "device_name": device,
+        "scaling": exp.scaling,
+        "seq_len": exp.seq_len,
+        "local_batch_size": exp.local_batch_size,
+        "compile": exp.compile,
+        "activation_checkpointing": exp.activation_checkpointing,
+        "fp8_all_gather": exp.fp8_all_gather,
+        "tags": exp.tags,
+        "points": points,
+    }
 
 
 def fmt(x, spec="{:.0f}") -> str:
@@ -185,9 +245,12 @@ def fmt(x, spec="{:.0f}") -> str:
 
 def table(report: ScalingReport, results: list[dict], not_run: list[str], impossible: list[str], head: str) -> str:
     by = {(r["spec"]["precision"], r["spec"]["layout"], r["spec"]["degrees"]["world_size"]): r for r in results}
-    lines = [head, f"{'precision':<15} {'layout':<10} {'N':>2} {'status':<9} {'X tok/s':>8} {'tok/s/GPU':>9} "
-                   f"{'E(N)':>6} {'S(N)':>6} {'MFU bf16':>8} {'MFU own':>7} {'mem GiB':>7} {'step ms':>7} "
-                   f"{'wall s':>6} {'loss':>6}"]
+    lines = [
+        head,
+        f"{'precision':<15} {'layout':<10} {'N':>2} {'status':<9} {'X tok/s':>8} {'tok/s/GPU':>9} "
+        f"{'E(N)':>6} {'S(N)':>6} {'MFU bf16':>8} {'MFU own':>7} {'mem GiB':>7} {'step ms':>7} "
+        f"{'wall s':>6} {'loss':>6}",
+    ]
     for s in report.series:
         for p in s.points:
             r = by.get((s.key.precision, s.key.layout, p.num_devices), {})
@@ -197,7 +260,8 @@ def table(report: ScalingReport, results: list[dict], not_run: list[str], imposs
                 f"{fmt(p.efficiency, '{:.1%}'):>6} {fmt(p.fp8_speedup, '{:.3f}'):>6} "
                 f"{fmt(p.mfu_vs_bf16_peak, '{:.1%}'):>8} {fmt(p.mfu_vs_precision_peak, '{:.1%}'):>7} "
                 f"{fmt(p.peak_memory_allocated_gib, '{:.1f}'):>7} {fmt(p.step_ms_median, '{:.0f}'):>7} "
-                f"{fmt(r.get('wall_s')):>6} {fmt(p.final_loss, '{:.3f}'):>6}")
+                f"{fmt(r.get('wall_s')):>6} {fmt(p.final_loss, '{:.3f}'):>6}"
+            )
     for r in results:
         if r["result"]["status"] != "succeeded":
             e = r["result"]["error"]
@@ -221,8 +285,9 @@ def sweep(args: argparse.Namespace) -> int:
     num_devices = args.num_devices or (2 if args.smoke else torch.cuda.device_count())
     cluster, exps, fallback = load_config(Path(args.config), smoke=args.smoke, num_devices=num_devices)
     order, members, not_run, impossible = plan(cluster, exps, num_devices)
-    log.info("%d devices; %d runs to make, %d not run, %d not points", num_devices, len(order), len(not_run),
-             len(impossible))
+    log.info(
+        "%d devices; %d runs to make, %d not run, %d not points", num_devices, len(order), len(not_run), len(impossible)
+    )
     done: dict[tuple[str, int], RunResult] = {}
     results: list[dict] = []
     runs_dir = Path(args.runs_dir)
@@ -236,11 +301,24 @@ def sweep(args: argparse.Namespace) -> int:
             k += 1
             continue
         res, wall_s, tail = run_one(spec, runs_dir / f"{k:02d}", min(args.run_timeout_s, left_s))
-        log.info("%s: %s in %.0f s%s", label, res.status, wall_s,
-                 f" ({res.error.kind}: {res.error.message.splitlines()[0][:200]})" if res.error else
-                 f" ({res.summary.tokens_per_sec:.0f} tok/s, {res.summary.peak_memory_allocated_gib} GiB)")
-        results.append({"label": label, "wall_s": wall_s, "spec": spec.model_dump(mode="json"),
-                        "result": res.model_dump(mode="json"), "log_tail": None if res.status == "succeeded" else tail})
+        log.info(
+            "%s: %s in %.0f s%s",
+            label,
+            res.status,
+            wall_s,
+            f" ({res.error.kind}: {res.error.message.splitlines()[0][:200]})"
+            if res.error
+            else f" ({res.summary.tokens_per_sec:.0f} tok/s, {res.summary.peak_memory_allocated_gib} GiB)",
+        )
+        results.append(
+            {
+                "label": label,
+                "wall_s": wall_s,
+                "spec": spec.model_dump(mode="json"),
+                "result": res.model_dump(mode="json"),
+                "log_tail": None if res.status == "succeeded" else tail,
+            }
+        )
         if k == 0 and res.error and res.error.kind == "oom" and fallback:
             log.warning("%s ran out of memory: restarting the sweep at num_layers=%d", label, fallback)
             exps = [e.model_copy(update={"num_layers": fallback}) for e in exps]
@@ -257,16 +335,24 @@ def finish(out, cluster, exps, members, done, results, not_run, impossible, t_st
     from api.plots import render_scaling_png  # matplotlib: imported after the runs
 
     # A run at the depth given up on (out of memory, then the fallback) is in results.json, not in the report.
-    points = [run_point(i, RunSpec.model_validate(r["spec"]), RunResult.model_validate(r["result"]))
-              for i, r in enumerate(results) if r["spec"]["num_layers"] == exps[0].num_layers]
+    points = [
+        run_point(i, RunSpec.model_validate(r["spec"]), RunResult.model_validate(r["result"]))
+        for i, r in enumerate(results)
+        if r["spec"]["num_layers"] == exps[0].num_layers
+    ]
     report = build_report(points)
     env = next((r["result"]["environment"] for r in results if r["result"].get("environment")), {}) or {}
-    head = (f"== scaling sweep: {env.get('device_name', cluster.device_name)} x{cluster.gpus_per_node}, "
-            f"{exps[0].model}/L{exps[0].num_layers}, seq {exps[0].seq_len} x local batch {exps[0].local_batch_size}, "
-            f"compile {exps[0].compile}, torch {env.get('torch_version')}, torchao {env.get('torchao_version')}, "
-            f"NCCL {env.get('nccl_version')}, {time.monotonic() - t_start:.0f} s ==")
-    (out / "results.json").write_text(json.dumps({"cluster": cluster.model_dump(), "runs": results,
-                                                  "not_run": not_run, "not_points": impossible}, indent=1))
+    head = (
+        f"== scaling sweep: {env.get('device_name', cluster.device_name)} x{cluster.gpus_per_node}, "
+        f"{exps[0].model}/L{exps[0].num_layers}, seq {exps[0].seq_len} x local batch {exps[0].local_batch_size}, "
+        f"compile {exps[0].compile}, torch {env.get('torch_version')}, torchao {env.get('torchao_version')}, "
+        f"NCCL {env.get('nccl_version')}, {time.monotonic() - t_start:.0f} s =="
+    )
+    (out / "results.json").write_text(
+        json.dumps(
+            {"cluster": cluster.model_dump(), "runs": results, "not_run": not_run, "not_points": impossible}, indent=1
+        )
+    )
     (out / "report.json").write_text(report.model_dump_json(indent=1))
     if report.series:
         (out / "scaling.png").write_bytes(render_scaling_png(report, title=head.strip("= ")))
@@ -298,8 +384,12 @@ def record(src: Path, png: Path | None, data_dir: Path) -> int:
 
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
-    settings = Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'scalebench.db'}",
-                        broker_url=f"filesystem://{data_dir / 'broker'}", runs_dir=data_dir / "runs")
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=f"sqlite:///{data_dir / 'scalebench.db'}",
+        broker_url=f"filesystem://{data_dir / 'broker'}",
+        runs_dir=data_dir / "runs",
+    )
     cfg = Config(str(REPO / "alembic.ini"))
     cfg.attributes.update(url=settings.database_url, configure_logger=False)
     command.upgrade(cfg, "head")
@@ -314,8 +404,16 @@ def record(src: Path, png: Path | None, data_dir: Path) -> int:
             assert r.status_code == 201, f"{path.name}: {r.status_code} {r.text[:2000]}"
             exp_id = r.json()["id"]
             rep = ScalingReport.model_validate(c.get(f"/experiments/{exp_id}/scaling").json())
-            print(table(rep, [], [], [], f"== API: experiment {exp_id} ({r.json()['name']}), {len(r.json()['runs'])} "
-                                         f"runs imported, {r.headers['Location']} =="))
+            print(
+                table(
+                    rep,
+                    [],
+                    [],
+                    [],
+                    f"== API: experiment {exp_id} ({r.json()['name']}), {len(r.json()['runs'])} "
+                    f"runs imported, {r.headers['Location']} ==",
+                )
+            )
             img = c.get(f"/experiments/{exp_id}/scaling.png")
             assert img.status_code == 200 and img.headers["content-type"] == "image/png", img.text[:500]
             target = (png if i == 0 else png.with_name(f"{png.stem}-{i}{png.suffix}")) if png else src / f"api-{i}.png"

@@ -23,11 +23,17 @@ from cli.plot import fetch_png
 from cli.report import fetch_report, print_report
 from cli.runs import console, load_spec, submit_spec, wait_for
 from cli.stack import REPO_ROOT, Stack
-from core.scaling import ScalingReport
+from core.analysis.scaling import ScalingReport
 
 log = logging.getLogger(__name__)
-EMBEDDED_OVERRIDES = ("DATABASE_URL", "REDIS_URL", "SCALEBENCH_DATABASE_URL", "SCALEBENCH_BROKER_URL",
-                      "SCALEBENCH_CLUSTERS_FILE", "SCALEBENCH_RUNS_DIR")
+EMBEDDED_OVERRIDES = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "SCALEBENCH_DATABASE_URL",
+    "SCALEBENCH_BROKER_URL",
+    "SCALEBENCH_CLUSTERS_FILE",
+    "SCALEBENCH_RUNS_DIR",
+)
 DEMO_TIMEOUT_S = 900
 
 

@@ -10,8 +10,9 @@ import logging
 import sys
 
 CLI_EXTRA_MODULES = ("typer", "rich", "yaml")  # typer, rich, pyyaml: pyproject's `cli` extra
-MISSING_EXTRA = ("scalebench: the command line needs the `cli` extra ({module} is not installed):\n"
-                 "  pip install 'scalebench[cli]'")
+MISSING_EXTRA = (
+    "scalebench: the command line needs the `cli` extra ({module} is not installed):\n  pip install 'scalebench[cli]'"
+)
 
 try:
     import typer
@@ -25,8 +26,9 @@ except ModuleNotFoundError as exc:
     _missing: str | None = (exc.name or "").split(".")[0]
 else:
     _missing = None
-    app = typer.Typer(name="scalebench", help="scalebench: scaling-efficiency experiments for FP8 training.",
-                      no_args_is_help=True)
+    app = typer.Typer(
+        name="scalebench", help="scalebench: scaling-efficiency experiments for FP8 training.", no_args_is_help=True
+    )
 
     GROUPS: list[tuple[str, typer.Typer]] = [
         ("token", token.app),

@@ -12,15 +12,28 @@ from rich.table import Table
 
 from cli.client import ApiClient, CliError
 from cli.runs import ServerOpt, TokenOpt, cli_errors, console
-from core.plan import DEFAULT_MIN_EFFICIENCY, parse_token_count
+from core.projection.plan import DEFAULT_MIN_EFFICIENCY, parse_token_count
 
 
-def fetch_plan(client: ApiClient, experiment_id: int, tokens: float, max_gpus: int, cluster: str | None = None,
-               gpu_hour_cost: float | None = None, min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
-               calibrate: bool = False) -> dict[str, Any]:
-    return client.get(f"/experiments/{experiment_id}/plan", tokens=repr(tokens), max_gpus=max_gpus, cluster=cluster,
-                      gpu_hour_cost=gpu_hour_cost, min_efficiency=min_efficiency,
-                      calibrate=str(calibrate).lower())
+def fetch_plan(
+    client: ApiClient,
+    experiment_id: int,
+    tokens: float,
+    max_gpus: int,
+    cluster: str | None = None,
+    gpu_hour_cost: float | None = None,
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
+    calibrate: bool = False,
+) -> dict[str, Any]:
+    return client.get(
+        f"/experiments/{experiment_id}/plan",
+        tokens=repr(tokens),
+        max_gpus=max_gpus,
+        cluster=cluster,
+        gpu_hour_cost=gpu_hour_cost,
+        min_efficiency=min_efficiency,
+        calibrate=str(calibrate).lower(),
+    )
 
 
 def _hours(h: float) -> str:
@@ -58,20 +71,42 @@ def _row(o: dict[str, Any], with_cost: bool) -> list[str]:
     if eff != "-" and lo is not None and hi is not None and lo != hi:  # the 80% interval, +- (clipped at 0 below)
         eff = f"{o['efficiency']:.1%} ±{100 * (hi - o['efficiency']):.1f}"
     eff += _mark(o)
-    cells = [str(o["num_devices"]), _precision(o), o["layout"], o["source"], f"{o['tokens_per_sec']:,.0f}", eff,
-             _hours(o["time_to_train_hours"]),
-             _span(o.get("time_to_train_hours_low"), o.get("time_to_train_hours_high"), _hours),
-             f"{o['gpu_hours']:,.0f}", _span(o.get("gpu_hours_low"), o.get("gpu_hours_high"), lambda v: f"{v:,.0f}")]
+    cells = [
+        str(o["num_devices"]),
+        _precision(o),
+        o["layout"],
+        o["source"],
+        f"{o['tokens_per_sec']:,.0f}",
+        eff,
+        _hours(o["time_to_train_hours"]),
+        _span(o.get("time_to_train_hours_low"), o.get("time_to_train_hours_high"), _hours),
+        f"{o['gpu_hours']:,.0f}",
+        _span(o.get("gpu_hours_low"), o.get("gpu_hours_high"), lambda v: f"{v:,.0f}"),
+    ]
     return cells + ([f"{o['cost']:,.0f}"] if with_cost else [])
 
 
 def plan_table(plan: dict[str, Any], every_option: bool = False) -> Table:
     with_cost = plan["gpu_hour_cost"] is not None
-    table = Table(title=f"Plan: {plan['tokens']:.3g} tokens, at most {plan['max_gpus']} GPUs", title_justify="left",
-                  caption="source: measured where the point was measured, else projected on "
-                          f"{plan['network']['cluster']} ({plan['network']['source']})", caption_justify="left")
-    for col in ("N", "precision", "layout", "source", "X tok/s", "E(N) ±80%", "time", "time 80%", "GPU-hours",
-                "GPU-h 80%") + (("cost",) if with_cost else ()):
+    table = Table(
+        title=f"Plan: {plan['tokens']:.3g} tokens, at most {plan['max_gpus']} GPUs",
+        title_justify="left",
+        caption="source: measured where the point was measured, else projected on "
+        f"{plan['network']['cluster']} ({plan['network']['source']})",
+        caption_justify="left",
+    )
+    for col in (
+        "N",
+        "precision",
+        "layout",
+        "source",
+        "X tok/s",
+        "E(N) ±80%",
+        "time",
+        "time 80%",
+        "GPU-hours",
+        "GPU-h 80%",
+    ) + (("cost",) if with_cost else ()):
         text_col = col in ("precision", "layout", "source")
         table.add_column(col, justify="left" if text_col else "right", no_wrap=not text_col)
     for row in plan["rows"]:
@@ -81,25 +116,38 @@ def plan_table(plan: dict[str, Any], every_option: bool = False) -> Table:
 
 
 def _shown(plan: dict[str, Any], every_option: bool) -> list[dict[str, Any]]:
-    return [o for row in plan["rows"] for o in (row["options"] if every_option else [row["best"]] if row["best"]
-                                                 else [])]
+    return [
+        o for row in plan["rows"] for o in (row["options"] if every_option else [row["best"]] if row["best"] else [])
+    ]
 
 
 def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
     console.print(plan_table(plan, every_option))
-    console.print("±80%, 80%: the projection's 80% prediction interval (from its misses on published results it "
-                  "was not fitted to, wider with each doubling of N); measured points have none", highlight=False)
+    console.print(
+        "±80%, 80%: the projection's 80% prediction interval (from its misses on published results it "
+        "was not fitted to, wider with each doubling of N); measured points have none",
+        highlight=False,
+    )
     for o in _shown(plan, every_option):
         if o.get("note"):
             console.print(f"† N={o['num_devices']} {_precision(o)} {o['layout']}: {o['note']}", highlight=False)
     floor = f"E(N) >= {plan['min_efficiency']:.0%}"
-    for label, key in (("fastest within the cap", "fastest"), (f"cheapest with {floor}", "cheapest_efficient"),
-                       (f"fastest with {floor}", "fastest_efficient")):
+    for label, key in (
+        ("fastest within the cap", "fastest"),
+        (f"cheapest with {floor}", "cheapest_efficient"),
+        (f"fastest with {floor}", "fastest_efficient"),
+    ):
         o = plan[key]
         span = "" if o is None else _span(o.get("time_to_train_hours_low"), o.get("time_to_train_hours_high"), _hours)
-        text = "none" if o is None else (f"N={o['num_devices']} {_precision(o)} {o['layout']} ({o['source']}): "
-                                         f"{_hours(o['time_to_train_hours'])}, {o['gpu_hours']:,.0f} GPU-hours"
-                                         + (f" (80%: {span})" if span != "-" else ""))
+        text = (
+            "none"
+            if o is None
+            else (
+                f"N={o['num_devices']} {_precision(o)} {o['layout']} ({o['source']}): "
+                f"{_hours(o['time_to_train_hours'])}, {o['gpu_hours']:,.0f} GPU-hours"
+                + (f" (80%: {span})" if span != "-" else "")
+            )
+        )
         console.print(f"{label}: {text}", highlight=False)
     for note in plan["notes"]:
         console.print(f"note: {note}", highlight=False)
@@ -108,26 +156,32 @@ def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     @cli_errors
-    def plan(experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
-             tokens: Annotated[str, typer.Option(help="Token budget: 1T, 500B, 1e12.")],
-             max_gpus: Annotated[int, typer.Option(help="GPU cap of the plan.")],
-             cluster: Annotated[str | None, typer.Option(
-                 help="Cluster whose network to project onto (default: the experiment's).")] = None,
-             gpu_hour_cost: Annotated[float | None, typer.Option(help="Price of one GPU-hour.")] = None,
-             min_efficiency: Annotated[float, typer.Option(
-                 help="Efficiency floor of the cheapest plan (a fraction).")] = DEFAULT_MIN_EFFICIENCY,
-             calibrate: Annotated[bool, typer.Option(help="Calibrate the projection to measured points.")] = False,
-             every_option: Annotated[bool, typer.Option("--all", help="Every precision x layout per N.")] = False,
-             as_json: Annotated[bool, typer.Option("--json", help="The plan as JSON.")] = False,
-             server: ServerOpt = None, token: TokenOpt = None) -> None:
+    def plan(
+        experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
+        tokens: Annotated[str, typer.Option(help="Token budget: 1T, 500B, 1e12.")],
+        max_gpus: Annotated[int, typer.Option(help="GPU cap of the plan.")],
+        cluster: Annotated[
+            str | None, typer.Option(help="Cluster whose network to project onto (default: the experiment's).")
+        ] = None,
+        gpu_hour_cost: Annotated[float | None, typer.Option(help="Price of one GPU-hour.")] = None,
+        min_efficiency: Annotated[
+            float, typer.Option(help="Efficiency floor of the cheapest plan (a fraction).")
+        ] = DEFAULT_MIN_EFFICIENCY,
+        calibrate: Annotated[bool, typer.Option(help="Calibrate the projection to measured points.")] = False,
+        every_option: Annotated[bool, typer.Option("--all", help="Every precision x layout per N.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="The plan as JSON.")] = False,
+        server: ServerOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
         """Time and GPU-hours to train a token budget per N; the fastest and the cheapest efficient plan."""
         try:
             budget = parse_token_count(tokens)
         except ValueError as exc:
             raise CliError(f"--{exc}") from None
         with ApiClient(server, token, timeout_s=60) as client:
-            body = fetch_plan(client, experiment_id, budget, max_gpus, cluster, gpu_hour_cost, min_efficiency,
-                              calibrate)
+            body = fetch_plan(
+                client, experiment_id, budget, max_gpus, cluster, gpu_hour_cost, min_efficiency, calibrate
+            )
         if as_json:
             typer.echo(json.dumps(body, indent=2))
         else:

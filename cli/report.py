@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.client import ApiClient
-from core.breakdown import ExperimentBreakdown
-from core.numerics import short_verdict
-from core.scaling import ScalingReport
+from core.analysis.breakdown import ExperimentBreakdown
+from core.analysis.numerics import short_verdict
+from core.analysis.scaling import ScalingReport
 
 
 def fetch_report(client: ApiClient, experiment_id: int) -> tuple[ScalingReport, list[dict[str, Any]]]:
@@ -42,86 +42,167 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
     engines = len({_engine(r) for r in runs}) > 1
     seeds = len({r.get("seed", 0) for r in runs}) > 1
     table = Table(title="Runs", title_justify="left")
-    cols = ("run", *(["engine"] if engines else []), "precision", "layout", "N", *(["seed"] if seeds else []),
-            "status", "tok/s/dev", "step ms", "error")
+    cols = (
+        "run",
+        *(["engine"] if engines else []),
+        "precision",
+        "layout",
+        "N",
+        *(["seed"] if seeds else []),
+        "status",
+        "tok/s/dev",
+        "step ms",
+        "error",
+    )
     for col in cols:
         table.add_column(col, justify="right" if col in ("run", "N", "seed", "tok/s/dev", "step ms") else "left")
     for r in sorted(runs, key=lambda r: (_engine(r), r["precision"], r["layout"], r["num_devices"], r["id"])):
-        table.add_row(str(r["id"]), *([_engine(r)] if engines else []), r["precision"], r["layout"],
-                      str(r["num_devices"]), *([str(r.get("seed", 0))] if seeds else []), r["status"],
-                      _num(r.get("tokens_per_sec_per_device"), ",.0f"), _num(r.get("step_ms_median"), ".1f"),
-                      r.get("error_kind") or "")
+        table.add_row(
+            str(r["id"]),
+            *([_engine(r)] if engines else []),
+            r["precision"],
+            r["layout"],
+            str(r["num_devices"]),
+            *([str(r.get("seed", 0))] if seeds else []),
+            r["status"],
+            _num(r.get("tokens_per_sec_per_device"), ",.0f"),
+            _num(r.get("step_ms_median"), ".1f"),
+            r.get("error_kind") or "",
+        )
     return table
 
 
 def scaling_table(report: ScalingReport) -> Table:
-    table = Table(title="Scaling", title_justify="left",
-                  caption="X = global tokens/s (median over repeats); E(N) = X(N) / (X(N0) * N / N0), N0 = smallest N",
-                  caption_justify="left")
+    table = Table(
+        title="Scaling",
+        title_justify="left",
+        caption="X = global tokens/s (median over repeats); E(N) = X(N) / (X(N0) * N / N0), N0 = smallest N",
+        caption_justify="left",
+    )
     engines = len({s.key.engine for s in report.series}) > 1
-    for col in (*(["engine"] if engines else []), "precision", "layout", "N", "X tok/s", "tok/s/dev", "E(N)", "MFU",
-                "status"):
+    for col in (
+        *(["engine"] if engines else []),
+        "precision",
+        "layout",
+        "N",
+        "X tok/s",
+        "tok/s/dev",
+        "E(N)",
+        "MFU",
+        "status",
+    ):
         table.add_column(col, justify="left" if col in ("engine", "precision", "layout", "status") else "right")
     for s in report.series:
         for p in s.points:
             mfu = _num(p.mfu_vs_bf16_peak, ".1%") if p.mfu_vs_bf16_peak is not None else "n/a"
             status = p.status + (f" ({', '.join(p.flags)})" if p.flags else "")
-            table.add_row(*([s.key.engine] if engines else []), s.key.precision, s.key.layout, str(p.num_devices),
-                          _num(p.tokens_per_sec, ",.0f"), _num(p.tokens_per_sec_per_device, ",.0f"),
-                          _num(p.efficiency, ".1%"), mfu, status)
+            table.add_row(
+                *([s.key.engine] if engines else []),
+                s.key.precision,
+                s.key.layout,
+                str(p.num_devices),
+                _num(p.tokens_per_sec, ",.0f"),
+                _num(p.tokens_per_sec_per_device, ",.0f"),
+                _num(p.efficiency, ".1%"),
+                mfu,
+                status,
+            )
     return table
 
 
 def engine_ratio_table(report: ScalingReport) -> Table:
-    table = Table(title="Engine ratio R(N) = X_engine(N) / X_scalebench(N)", title_justify="left",
-                  caption="the same model, precision, layout and N; above 1: the other engine is faster",
-                  caption_justify="left")
+    table = Table(
+        title="Engine ratio R(N) = X_engine(N) / X_scalebench(N)",
+        title_justify="left",
+        caption="the same model, precision, layout and N; above 1: the other engine is faster",
+        caption_justify="left",
+    )
     for col in ("engine", "precision", "layout", "N", "tok/s", "scalebench tok/s", "ratio"):
         table.add_column(col, justify="left" if col in ("engine", "precision", "layout") else "right")
     for r in report.engine_ratios:
-        table.add_row(r.engine, r.precision, r.layout, str(r.num_devices), f"{r.tokens_per_sec:,.0f}",
-                      f"{r.scalebench_tokens_per_sec:,.0f}", f"{r.ratio:.3f}")
+        table.add_row(
+            r.engine,
+            r.precision,
+            r.layout,
+            str(r.num_devices),
+            f"{r.tokens_per_sec:,.0f}",
+            f"{r.scalebench_tokens_per_sec:,.0f}",
+            f"{r.ratio:.3f}",
+        )
     return table
 
 
 def speedup_table(report: ScalingReport) -> Table:
-    table = Table(title="fp8 speedup S(N) = X_fp8(N) / X_bf16(N)", title_justify="left",
-                  caption="fp8 loss vs bf16: gap of the mean loss over the last min(50, steps/4) steps (held-out loss "
-                          "when evaluated) ± its noise band (steps and seeds); tracks: gap within 1% with a band "
-                          "narrower than 1%; differs: gap beyond 1% and the band", caption_justify="left")
+    table = Table(
+        title="fp8 speedup S(N) = X_fp8(N) / X_bf16(N)",
+        title_justify="left",
+        caption="fp8 loss vs bf16: gap of the mean loss over the last min(50, steps/4) steps (held-out loss "
+        "when evaluated) ± its noise band (steps and seeds); tracks: gap within 1% with a band "
+        "narrower than 1%; differs: gap beyond 1% and the band",
+        caption_justify="left",
+    )
     for col in ("fp8 recipe", "layout", "N", "fp8 tok/s", "bf16 tok/s", "speedup", "fp8 loss vs bf16"):
         table.add_column(col, justify="left" if col in ("fp8 recipe", "layout", "fp8 loss vs bf16") else "right")
     for sp in report.speedups:
-        loss = short_verdict(sp.loss_numerics) if sp.loss_numerics is not None else (
-            f"final {_num(sp.loss_rel_gap, '+.1%')}" if sp.loss_rel_gap is not None else "-")
-        table.add_row(sp.precision, sp.layout, str(sp.num_devices), f"{sp.fp8_tokens_per_sec:,.0f}",
-                      f"{sp.bf16_tokens_per_sec:,.0f}", f"{sp.speedup:.2f}x", loss)
+        loss = (
+            short_verdict(sp.loss_numerics)
+            if sp.loss_numerics is not None
+            else (f"final {_num(sp.loss_rel_gap, '+.1%')}" if sp.loss_rel_gap is not None else "-")
+        )
+        table.add_row(
+            sp.precision,
+            sp.layout,
+            str(sp.num_devices),
+            f"{sp.fp8_tokens_per_sec:,.0f}",
+            f"{sp.bf16_tokens_per_sec:,.0f}",
+            f"{sp.speedup:.2f}x",
+            loss,
+        )
     return table
 
 
-BREAKDOWN_COLUMNS = (("step", "step_ms"), ("GEMM\nbf16", "gemm_bf16_ms"), ("GEMM\nfp8", "gemm_fp8_ms"),
-                     ("fp8\ncast", "fp8_cast_ms"), ("attn", "attention_ms"), ("elem-\nwise", "elementwise_ms"),
-                     ("optim", "optimizer_ms"), ("comm", "communication_ms"),
-                     ("comm\nexp.", "exposed_communication_ms"), ("idle", "idle_ms"))
+BREAKDOWN_COLUMNS = (
+    ("step", "step_ms"),
+    ("GEMM\nbf16", "gemm_bf16_ms"),
+    ("GEMM\nfp8", "gemm_fp8_ms"),
+    ("fp8\ncast", "fp8_cast_ms"),
+    ("attn", "attention_ms"),
+    ("elem-\nwise", "elementwise_ms"),
+    ("optim", "optimizer_ms"),
+    ("comm", "communication_ms"),
+    ("comm\nexp.", "exposed_communication_ms"),
+    ("idle", "idle_ms"),
+)
 
 
 def breakdown_table(breakdown: ExperimentBreakdown) -> Table:
-    table = Table(title="Where the step time goes (ms per profiled step, median over ranks and runs)",
-                  title_justify="left", caption_justify="left",
-                  caption="step = GEMMs + fp8 amax/scale/cast + attention + elementwise + optimizer + exposed "
-                          "comm + idle; comm = exposed + overlapped (any collective running); exp% = exposed / step")
+    table = Table(
+        title="Where the step time goes (ms per profiled step, median over ranks and runs)",
+        title_justify="left",
+        caption_justify="left",
+        caption="step = GEMMs + fp8 amax/scale/cast + attention + elementwise + optimizer + exposed "
+        "comm + idle; comm = exposed + overlapped (any collective running); exp% = exposed / step",
+    )
     for col in ("precision", "layout", "N", *(c for c, _ in BREAKDOWN_COLUMNS), "exp%"):
         table.add_column(col, justify="left" if col in ("precision", "layout") else "right", no_wrap=True)
     for s in breakdown.series:
         for p in s.points:
-            table.add_row(s.precision, s.layout, str(p.num_devices),
-                          *(f"{getattr(p, key):.1f}" for _, key in BREAKDOWN_COLUMNS),
-                          _num(p.exposed_communication_share, ".1%"))
+            table.add_row(
+                s.precision,
+                s.layout,
+                str(p.num_devices),
+                *(f"{getattr(p, key):.1f}" for _, key in BREAKDOWN_COLUMNS),
+                _num(p.exposed_communication_share, ".1%"),
+            )
     return table
 
 
-def print_report(console: Console, report: ScalingReport, runs: list[dict[str, Any]] | None = None,
-                 breakdown: ExperimentBreakdown | None = None) -> None:
+def print_report(
+    console: Console,
+    report: ScalingReport,
+    runs: list[dict[str, Any]] | None = None,
+    breakdown: ExperimentBreakdown | None = None,
+) -> None:
     if runs:
         console.print(runs_table(runs))
     console.print(scaling_table(report))

@@ -41,6 +41,7 @@ def utc_time(value: str | None, missing: str = "-") -> str:
 
 def cli_errors(fn: Callable) -> Callable:
     """CliError -> its message on stderr, exit code 1."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -48,6 +49,7 @@ def cli_errors(fn: Callable) -> Callable:
         except CliError as exc:
             err_console.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(1) from None
+
     return wrapper
 
 
@@ -77,8 +79,9 @@ def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | 
     )
     for s in created.get("skipped") or []:
         engine = "" if s.get("engine", "scalebench") == "scalebench" else f"{s['engine']}/"
-        console.print(f"  skipped {engine}{s['precision']}/{s['layout']}/N={s['num_devices']}: {s['reason']}",
-                      highlight=False)
+        console.print(
+            f"  skipped {engine}{s['precision']}/{s['layout']}/N={s['num_devices']}: {s['reason']}", highlight=False
+        )
     if not created.get("dispatched", True):
         console.print(f"[yellow]{created.get('dispatch_message')}[/yellow]")
     return created
@@ -87,8 +90,10 @@ def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | 
 def _run_label(run: dict[str, Any]) -> str:
     engine = run.get("engine", "scalebench")
     seed = f" seed={run['seed']}" if run.get("seed") else ""
-    return (f"run {run['id']:>4} {'' if engine == 'scalebench' else engine + ' '}{run['precision']:<15} "
-            f"{run['layout']:<10} N={run['num_devices']:<3}{seed}")
+    return (
+        f"run {run['id']:>4} {'' if engine == 'scalebench' else engine + ' '}{run['precision']:<15} "
+        f"{run['layout']:<10} N={run['num_devices']:<3}{seed}"
+    )
 
 
 def _step_progress(client: ApiClient, run_id: int) -> tuple[int, int] | None:

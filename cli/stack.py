@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from core import procs
-from core.clusters import load_clusters
+from core.contracts.clusters import load_clusters
 from core.settings import Settings
+from osutil import procs
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +39,14 @@ MAX_QUICK_DEATHS = 5  # deaths in a row, each within STABLE_S of its start, befo
 
 def create_local_token(name: str, env: dict[str, str] | None = None) -> str:
     """A new token on the configured database (SCALEBENCH_DATABASE_URL); raises RuntimeError on failure."""
-    proc = subprocess.run([sys.executable, "-m", "db.admin", "create-token", "--name", name], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "db.admin", "create-token", "--name", name],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"creating a token failed:\n{proc.stderr[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]
@@ -50,8 +56,9 @@ def token_is_accepted(url: str, token: str, timeout_s: float = 5.0) -> bool:
     """Does the API at `url` accept this token for writes? Asked with an empty experiment: the token is
     checked before the body, so 401 means refused and 422 (the body) accepted; nothing is created."""
     try:
-        response = httpx.post(f"{url}/experiments", json={}, timeout=timeout_s,
-                              headers={"Authorization": f"Bearer {token}"})
+        response = httpx.post(
+            f"{url}/experiments", json={}, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
+        )
     except httpx.HTTPError:
         return False
     return response.status_code == 422
@@ -112,8 +119,13 @@ class Stack:
 
     def migrate(self) -> None:
         self.settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # holds the database and token
-        proc = subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO_ROOT, env=self.env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "alembic", "upgrade", "head"],
+            cwd=REPO_ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"alembic upgrade head failed:\n{proc.stderr[-3000:]}")
 
@@ -121,9 +133,16 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.commands[name] = args
         with (self.log_dir / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen(args, cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL,
-                                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                                preexec_fn=procs.set_parent_death_signal)
+            self.procs[name] = subprocess.Popen(
+                args,
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=procs.set_parent_death_signal,
+            )
         self.started_at[name] = time.monotonic()
         log.info("started %s (pid %d), log %s", name, self.procs[name].pid, self.log_dir / f"{name}.log")
 
@@ -134,14 +153,48 @@ class Stack:
         if self.with_token and not self.token_path.is_file():
             self.fresh_token = self.create_token()
         py = sys.executable
-        self._spawn("api", [py, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", self.host,
-                            "--port", str(self.port), "--log-level", "warning"])
+        self._spawn(
+            "api",
+            [
+                py,
+                "-m",
+                "uvicorn",
+                "api.app:create_app",
+                "--factory",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+        )
         if self.with_worker:
             # --pool solo: the run executes in the worker process itself, so a SIGKILLed worker takes its
             # torchrun down (PDEATHSIG); one run at a time per node.
-            self._spawn("worker", [py, "-m", "celery", "-A", "worker.main:app", "worker", "-n", "scalebench@%h",
-                                   "-Q", ",".join(self.queues), "--pool", "solo", "--concurrency", "1",
-                                   "--prefetch-multiplier", "1", "--loglevel", "INFO"])
+            self._spawn(
+                "worker",
+                [
+                    py,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "worker.main:app",
+                    "worker",
+                    "-n",
+                    "scalebench@%h",
+                    "-Q",
+                    ",".join(self.queues),
+                    "--pool",
+                    "solo",
+                    "--concurrency",
+                    "1",
+                    "--prefetch-multiplier",
+                    "1",
+                    "--loglevel",
+                    "INFO",
+                ],
+            )
         # reaper (expired leases, finished run dirs, re-publishing) + the nightly suites, one process
         self._spawn("scheduler", [py, "-m", "worker.scheduler", "--reap-interval-s", str(self.reaper_interval_s)])
         self.wait_ready(ready_timeout_s)
@@ -158,8 +211,9 @@ class Stack:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"the API did not answer on {self.url}/healthz within {timeout_s:.0f} s "
-                           f"(see {self.log_dir / 'api.log'})")
+        raise RuntimeError(
+            f"the API did not answer on {self.url}/healthz within {timeout_s:.0f} s (see {self.log_dir / 'api.log'})"
+        )
 
     def _check_listener(self) -> None:
         holders = procs.tcp_listener_pids(self.port)
@@ -200,12 +254,21 @@ class Stack:
         self.quick_deaths[name] = deaths
         _end_group(proc.pid)  # whatever it left in its process group
         if deaths >= MAX_QUICK_DEATHS:
-            raise RuntimeError(f"{name} exited with code {proc.returncode} {deaths} times in a row, each within "
-                               f"{STABLE_S:.0f} s of its start; its log ends with:\n{self._tail(name)}")
+            raise RuntimeError(
+                f"{name} exited with code {proc.returncode} {deaths} times in a row, each within "
+                f"{STABLE_S:.0f} s of its start; its log ends with:\n{self._tail(name)}"
+            )
         delay_s = RESTART_BACKOFF_S[min(deaths, len(RESTART_BACKOFF_S) - 1)]
         self.restart_at[name] = now + delay_s
-        log.error("%s (pid %d) exited with code %s after %.1f s; restarting it in %.0f s (log %s)", name, proc.pid,
-                  proc.returncode, ran_s, delay_s, self.log_dir / f"{name}.log")
+        log.error(
+            "%s (pid %d) exited with code %s after %.1f s; restarting it in %.0f s (log %s)",
+            name,
+            proc.pid,
+            proc.returncode,
+            ran_s,
+            delay_s,
+            self.log_dir / f"{name}.log",
+        )
 
     def create_token(self, name: str = "scalebench-up") -> str:
         """A fresh API token, also saved (0600) as <data dir>/token for the CLI."""

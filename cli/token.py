@@ -20,8 +20,7 @@ app = typer.Typer(help="API tokens (writes need `Authorization: Bearer <token>`)
 
 
 @app.command("create")
-def create(name: Annotated[str, typer.Option(help="A label for the token (who or what uses it).")] = "default"
-           ) -> None:
+def create(name: Annotated[str, typer.Option(help="A label for the token (who or what uses it).")] = "default") -> None:
     """Create a token on the configured database (SCALEBENCH_DATABASE_URL) and print it once."""
     try:
         token = create_local_token(name)
@@ -39,15 +38,23 @@ def list_tokens(server: ServerOpt = None, token: TokenOpt = None) -> None:
         rows = client.get("/tokens")
     table = Table("id", "name", "prefix", "created (UTC)", "last used (UTC)")
     for r in rows:
-        table.add_row(str(r["id"]), r["name"], f"{r['prefix']}…" if r["prefix"] else "-", utc_time(r["created_at"]),
-                      utc_time(r["last_used_at"], "never"))
+        table.add_row(
+            str(r["id"]),
+            r["name"],
+            f"{r['prefix']}…" if r["prefix"] else "-",
+            utc_time(r["created_at"]),
+            utc_time(r["last_used_at"], "never"),
+        )
     console.print(table)
 
 
 @app.command("revoke")
 @cli_errors
-def revoke(token_id: Annotated[int, typer.Argument(help="Token id (from `scalebench token list`).")],
-           server: ServerOpt = None, token: TokenOpt = None) -> None:
+def revoke(
+    token_id: Annotated[int, typer.Argument(help="Token id (from `scalebench token list`).")],
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
     """Revoke a token: it gets 401 from then on."""
     with ApiClient(server, token) as client:
         row = client.request("DELETE", f"/tokens/{token_id}").json()

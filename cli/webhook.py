@@ -15,8 +15,13 @@ from cli.runs import ServerOpt, TokenOpt, cli_errors, console, utc_time
 
 app = typer.Typer(help="Webhooks: a signed JSON POST on regression events.", no_args_is_help=True)
 WebhookIdArg = Annotated[int, typer.Argument(help="Webhook id (from `scalebench webhook list`).")]
-EVENTS = ("regression.suspected", "regression.confirmed", "regression.failed", "regression.recovered",
-          "regression.improved")
+EVENTS = (
+    "regression.suspected",
+    "regression.confirmed",
+    "regression.failed",
+    "regression.recovered",
+    "regression.improved",
+)
 
 
 def _show(hook: dict) -> None:
@@ -26,12 +31,18 @@ def _show(hook: dict) -> None:
 
 @app.command("add")
 @cli_errors
-def add(url: Annotated[str, typer.Argument(help="http(s) URL of the receiver (a public address).")],
-        event: Annotated[list[str] | None, typer.Option("--event", help=f"Event to send (repeat); one of "
-                                                        f"{', '.join(EVENTS)}. Default: regression.confirmed.")]
-        = None,
-        secret: Annotated[str | None, typer.Option(help="HMAC key (16+ characters); generated when absent.")] = None,
-        server: ServerOpt = None, token: TokenOpt = None) -> None:
+def add(
+    url: Annotated[str, typer.Argument(help="http(s) URL of the receiver (a public address).")],
+    event: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--event", help=f"Event to send (repeat); one of {', '.join(EVENTS)}. Default: regression.confirmed."
+        ),
+    ] = None,
+    secret: Annotated[str | None, typer.Option(help="HMAC key (16+ characters); generated when absent.")] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
     """Register a webhook; prints its secret once (verify X-Scalebench-Signature with it)."""
     body: dict = {"url": url} | ({"events": event} if event else {}) | ({"secret": secret} if secret else {})
     with ApiClient(server, token) as client:
@@ -48,8 +59,9 @@ def list_webhooks(server: ServerOpt = None, token: TokenOpt = None) -> None:
         rows = client.get("/webhooks")
     table = Table("id", "url", "events", "enabled", "created (UTC)")
     for r in rows:
-        table.add_row(str(r["id"]), r["url"], ", ".join(r["events"]), "yes" if r["enabled"] else "no",
-                      utc_time(r["created_at"]))
+        table.add_row(
+            str(r["id"]), r["url"], ", ".join(r["events"]), "yes" if r["enabled"] else "no", utc_time(r["created_at"])
+        )
     console.print(table)
 
 
@@ -74,9 +86,12 @@ def disable(webhook_id: WebhookIdArg, server: ServerOpt = None, token: TokenOpt 
 
 @app.command("events")
 @cli_errors
-def events(webhook_id: WebhookIdArg,
-           event: Annotated[list[str], typer.Argument(help=f"Events to send: {', '.join(EVENTS)}.")],
-           server: ServerOpt = None, token: TokenOpt = None) -> None:
+def events(
+    webhook_id: WebhookIdArg,
+    event: Annotated[list[str], typer.Argument(help=f"Events to send: {', '.join(EVENTS)}.")],
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
     """Replace the events a webhook is sent."""
     _patch(webhook_id, {"events": event}, server, token)
 
@@ -92,9 +107,12 @@ def delete(webhook_id: WebhookIdArg, server: ServerOpt = None, token: TokenOpt =
 
 @app.command("deliveries")
 @cli_errors
-def deliveries(webhook_id: WebhookIdArg,
-               limit: Annotated[int, typer.Option(min=1, max=500, help="Newest first, at most this many.")] = 20,
-               server: ServerOpt = None, token: TokenOpt = None) -> None:
+def deliveries(
+    webhook_id: WebhookIdArg,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="Newest first, at most this many.")] = 20,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
     """A webhook's deliveries: event, status, attempts, last status code or error."""
     with ApiClient(server, token) as client:
         rows = client.get(f"/webhooks/{webhook_id}/deliveries", limit=limit)

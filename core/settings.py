@@ -35,6 +35,11 @@ class Settings:
     redispatch_after_s: float = 1800.0
     # Webhooks go to public addresses only; an operator with a receiver inside the cluster allows private ones.
     webhook_allow_private: bool = False
+    # An experiment's change fingerprint (its ETag) is reused this long by every request of an API process: a
+    # thousand dashboards polling one experiment cost one query a second. A change shows up this much later; 0: off.
+    etag_ttl_s: float = 1.0
+    # Whole answers (/scaling JSON, CSV, PNG) kept per API process by their ETag; 0: off.
+    report_cache_size: int = 64
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -60,6 +65,8 @@ class Settings:
             write_burst=int(e.get("SCALEBENCH_WRITE_BURST", str(cls.write_burst))),
             redispatch_after_s=float(e.get("SCALEBENCH_REDISPATCH_AFTER_S", "1800")),
             webhook_allow_private=_bool(e.get("SCALEBENCH_WEBHOOK_ALLOW_PRIVATE")),
+            etag_ttl_s=float(e.get("SCALEBENCH_ETAG_TTL_S", str(cls.etag_ttl_s))),
+            report_cache_size=int(e.get("SCALEBENCH_REPORT_CACHE", str(cls.report_cache_size))),
         )
 
     @property

@@ -1,7 +1,7 @@
 """The declarative Base every table module builds on: one MetaData with a constraint naming convention,
 UTC timestamps on every dialect, JSON that is JSONB on PostgreSQL, and the enum CHECK helper.
 
-Table modules (db.models, db.models_nightly) import from here and never from each other's bottoms;
+Table modules (db.models, db.models) import from here and never from each other's bottoms;
 `db.tables` imports them all for Alembic.
 """
 
@@ -24,7 +24,6 @@ NAMING_CONVENTION = {
 }
 
 JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
-
 
 
 def utcnow() -> datetime:

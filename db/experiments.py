@@ -18,8 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from core.specs import ExperimentSpec, RunSpec
-from db.models import RUN_STATUSES, Experiment, Run, RunSummary, utcnow
+from core.contracts.specs import ExperimentSpec, RunSpec
+from db.base import utcnow
+from db.models import RUN_STATUSES, Experiment, Run, RunSummary
 
 EXPERIMENT_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -73,22 +74,51 @@ def _status_expr() -> sa.ScalarSelect[str]:
     return sa.select(status).where(Run.experiment_id == Experiment.id).correlate(Experiment).scalar_subquery()
 
 
-def create_experiment(session: Session, spec: ExperimentSpec, runs: Sequence[RunSpec], queue: str, *,
-                      source: str = "api", idempotency_key: str | None = None,
-                      request_hash: str | None = None, suite_id: int | None = None) -> tuple[Experiment, list[int]]:
+def create_experiment(
+    session: Session,
+    spec: ExperimentSpec,
+    runs: Sequence[RunSpec],
+    queue: str,
+    *,
+    source: str = "api",
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+    suite_id: int | None = None,
+) -> tuple[Experiment, list[int]]:
     """Insert an experiment and its runs (status queued, undispatched) in two statements; returns run ids."""
-    exp = Experiment(name=spec.name, cluster=spec.cluster, spec=spec.model_dump(mode="json"),
-                     tags=list(spec.tags), source=source, idempotency_key=idempotency_key,
-                     request_hash=request_hash, suite_id=suite_id, created_at=utcnow())
+    exp = Experiment(
+        name=spec.name,
+        cluster=spec.cluster,
+        spec=spec.model_dump(mode="json"),
+        tags=list(spec.tags),
+        source=source,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        suite_id=suite_id,
+        created_at=utcnow(),
+    )
     session.add(exp)
     session.flush()
     now = utcnow()
-    rows = [{
-        "experiment_id": exp.id, "run_key": r.run_key(), "spec": r.model_dump(mode="json"),
-        "precision": r.precision, "layout": r.layout, "num_devices": r.num_devices, "repeat": r.repeat,
-        "cluster": r.cluster, "queue": queue, "status": "queued", "cancel_requested": False, "attempts": 0,
-        "created_at": now, "imported": source == "import",
-    } for r in runs]
+    rows = [
+        {
+            "experiment_id": exp.id,
+            "run_key": r.run_key(),
+            "spec": r.model_dump(mode="json"),
+            "precision": r.precision,
+            "layout": r.layout,
+            "num_devices": r.num_devices,
+            "repeat": r.repeat,
+            "cluster": r.cluster,
+            "queue": queue,
+            "status": "queued",
+            "cancel_requested": False,
+            "attempts": 0,
+            "created_at": now,
+            "imported": source == "import",
+        }
+        for r in runs
+    ]
     run_ids = list(session.scalars(sa.insert(Run).returning(Run.id, sort_by_parameter_order=True), rows))
     return exp, run_ids
 
@@ -111,8 +141,12 @@ def experiment_status(session: Session, experiment_id: int) -> ExperimentStatus:
 def _experiment_with_counts() -> sa.Select:
     # Built once: constructing this statement costs more CPU than running it on a small experiment.
     counts = [sa.func.coalesce(_count(s), 0).label(s) for s in RUN_STATUSES]
-    return (sa.select(Experiment, *counts).outerjoin(Run, Run.experiment_id == Experiment.id)
-            .where(Experiment.id == sa.bindparam("experiment_id")).group_by(Experiment.id))
+    return (
+        sa.select(Experiment, *counts)
+        .outerjoin(Run, Run.experiment_id == Experiment.id)
+        .where(Experiment.id == sa.bindparam("experiment_id"))
+        .group_by(Experiment.id)
+    )
 
 
 def experiment_with_status(session: Session, experiment_id: int) -> tuple[Experiment, ExperimentStatus] | None:
@@ -128,8 +162,11 @@ def statuses_for(session: Session, experiment_ids: Sequence[int]) -> dict[int, E
     """Derived status and counts of several experiments in one query."""
     if not experiment_ids:
         return {}
-    stmt = (sa.select(Run.experiment_id, Run.status, sa.func.count())
-            .where(Run.experiment_id.in_(experiment_ids)).group_by(Run.experiment_id, Run.status))
+    stmt = (
+        sa.select(Run.experiment_id, Run.status, sa.func.count())
+        .where(Run.experiment_id.in_(experiment_ids))
+        .group_by(Run.experiment_id, Run.status)
+    )
     counts: dict[int, dict[str, int]] = {i: {s: 0 for s in RUN_STATUSES} for i in experiment_ids}
     for exp_id, status, n in session.execute(stmt):
         counts[exp_id][status] = n
@@ -143,9 +180,15 @@ def _has_tag(session: Session, tag: str) -> sa.ColumnElement[bool]:
     return sa.exists(sa.select(1).select_from(each).where(each.c.value == tag))
 
 
-def list_experiments(session: Session, *, limit: int = 50, before_id: int | None = None,
-                     status: str | None = None, tag: str | None = None,
-                     cluster: str | None = None) -> list[Experiment]:
+def list_experiments(
+    session: Session,
+    *,
+    limit: int = 50,
+    before_id: int | None = None,
+    status: str | None = None,
+    tag: str | None = None,
+    cluster: str | None = None,
+) -> list[Experiment]:
     """Newest first; keyset pagination on id (`before_id` is the cursor). Fetches limit + 1 rows so the
     caller knows whether another page exists."""
     stmt = sa.select(Experiment).order_by(Experiment.id.desc()).limit(limit + 1)
@@ -160,8 +203,9 @@ def list_experiments(session: Session, *, limit: int = 50, before_id: int | None
     return list(session.scalars(stmt))
 
 
-def list_runs(session: Session, experiment_id: int, *, limit: int = 500, after_id: int | None = None,
-              status: str | None = None) -> list[Run]:
+def list_runs(
+    session: Session, experiment_id: int, *, limit: int = 500, after_id: int | None = None, status: str | None = None
+) -> list[Run]:
     """Runs of an experiment in id order (keyset pagination on id, limit + 1 rows)."""
     stmt = sa.select(Run).where(Run.experiment_id == experiment_id).order_by(Run.id).limit(limit + 1)
     if after_id is not None:
@@ -176,7 +220,8 @@ def run_figures(session: Session, run_ids: list[int]) -> dict[int, tuple[float, 
     if not run_ids:
         return {}
     stmt = sa.select(RunSummary.run_id, RunSummary.tokens_per_sec_per_device, RunSummary.step_ms_median).where(
-        RunSummary.run_id.in_(run_ids))
+        RunSummary.run_id.in_(run_ids)
+    )
     return {row.run_id: (row.tokens_per_sec_per_device, row.step_ms_median) for row in session.execute(stmt)}
 
 
@@ -187,11 +232,17 @@ def cancel_experiment(session: Session, experiment_id: int) -> tuple[int, int]:
     """
     now = utcnow()
     cancelled = session.execute(
-        sa.update(Run).where(Run.experiment_id == experiment_id, Run.status == "queued")
+        sa.update(Run)
+        .where(Run.experiment_id == experiment_id, Run.status == "queued")
         .values(status="cancelled", error_kind="cancelled", error_message="cancelled by request", finished_at=now)
-        .execution_options(synchronize_session=False)).rowcount
+        .execution_options(synchronize_session=False)
+    ).rowcount
     marked = session.execute(
-        sa.update(Run).where(Run.experiment_id == experiment_id, Run.status.in_(("pending", "running")),
-                             Run.cancel_requested.is_(False))
-        .values(cancel_requested=True).execution_options(synchronize_session=False)).rowcount
+        sa.update(Run)
+        .where(
+            Run.experiment_id == experiment_id, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False)
+        )
+        .values(cancel_requested=True)
+        .execution_options(synchronize_session=False)
+    ).rowcount
     return cancelled, marked

@@ -24,9 +24,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.specs import ExperimentSpec, RunResult, RunSpec
+from core.contracts.specs import ExperimentSpec, RunResult, RunSpec
+from db.base import utcnow
 from db.experiments import create_experiment
-from db.models import Experiment, Run, RunSummary, StepMetric, utcnow
+from db.models import Experiment, Run, RunSummary, StepMetric
 
 IMPORT_QUEUE = "import"  # no worker consumes it; recorded for completeness
 IMPORT_STEP_ROWS = 10_000  # step rows (or loss values in results) per transaction: ~100-200 ms of SQLite write lock
@@ -36,26 +37,43 @@ IMPORT_STEP_ROWS = 10_000  # step rows (or loss values in results) per transacti
 SQLITE_WRITE_GAP_S = 0.1
 
 
-def record_imported(session: Session, spec: ExperimentSpec, runs: Sequence[RunSpec],
-                    results: Sequence[RunResult]) -> tuple[Experiment, list[int]]:
+def record_imported(
+    session: Session, spec: ExperimentSpec, runs: Sequence[RunSpec], results: Sequence[RunResult]
+) -> tuple[Experiment, list[int]]:
     """Insert an imported experiment with one run per (RunSpec, RunResult) pair, and the runs' summaries (not
     their result JSON nor their steps: see store_results, insert_steps); returns it and the run ids."""
     assert len(runs) == len(results), "one result per run"
     exp, run_ids = create_experiment(session, spec, runs, IMPORT_QUEUE, source="import")
-    session.execute(sa.update(Run), [{
-        "id": run_id, "status": res.status, "attempts": 0, "error_kind": res.error.kind if res.error else None,
-        "error_message": res.error.message if res.error else None,
-    } for run_id, res in zip(run_ids, results)])
-    summaries = [{"run_id": run_id, **res.summary.model_dump(),
-                  "final_loss": res.numerics.final_loss if res.numerics is not None else None}
-                 for run_id, res in zip(run_ids, results) if res.summary is not None]
+    session.execute(
+        sa.update(Run),
+        [
+            {
+                "id": run_id,
+                "status": res.status,
+                "attempts": 0,
+                "error_kind": res.error.kind if res.error else None,
+                "error_message": res.error.message if res.error else None,
+            }
+            for run_id, res in zip(run_ids, results)
+        ],
+    )
+    summaries = [
+        {
+            "run_id": run_id,
+            **res.summary.model_dump(),
+            "final_loss": res.numerics.final_loss if res.numerics is not None else None,
+        }
+        for run_id, res in zip(run_ids, results)
+        if res.summary is not None
+    ]
     if summaries:
         session.execute(sa.insert(RunSummary), summaries)
     return exp, run_ids
 
 
-def result_chunks(run_ids: Sequence[int], results: Sequence[RunResult],
-                  values_per_chunk: int = IMPORT_STEP_ROWS) -> Iterator[list[tuple[int, RunResult]]]:
+def result_chunks(
+    run_ids: Sequence[int], results: Sequence[RunResult], values_per_chunk: int = IMPORT_STEP_ROWS
+) -> Iterator[list[tuple[int, RunResult]]]:
     """(run id, result) pairs grouped so that a group holds about values_per_chunk loss values (a run at least)."""
     chunk: list[tuple[int, RunResult]] = []
     size = 0
@@ -72,15 +90,18 @@ def result_chunks(run_ids: Sequence[int], results: Sequence[RunResult],
 def store_results(session: Session, pairs: Sequence[tuple[int, RunResult]]) -> None:
     """The result JSON (RunResult without steps) of each (run id, result) pair, one bulk UPDATE."""
     if pairs:
-        session.execute(sa.update(Run), [{"id": run_id, "result": res.model_dump(mode="json", exclude={"steps"})}
-                                         for run_id, res in pairs])
+        session.execute(
+            sa.update(Run),
+            [{"id": run_id, "result": res.model_dump(mode="json", exclude={"steps"})} for run_id, res in pairs],
+        )
 
 
 STEP_COLUMNS = ("run_id", "step", "loss", "step_ms", "tokens", "grad_norm", "lr", "warmup")
 
 
-def step_chunks(run_ids: Sequence[int], results: Sequence[RunResult],
-                rows_per_chunk: int = IMPORT_STEP_ROWS) -> Iterator[list[tuple[Any, ...]]]:
+def step_chunks(
+    run_ids: Sequence[int], results: Sequence[RunResult], rows_per_chunk: int = IMPORT_STEP_ROWS
+) -> Iterator[list[tuple[Any, ...]]]:
     """The step rows of every run as STEP_COLUMNS tuples (its steps, else its loss curve: step i has loss
     curve[i]), at most rows_per_chunk per list. Plain tuples: 500,000 StepRecord objects cost seconds."""
     chunk: list[tuple[Any, ...]] = []
@@ -106,8 +127,10 @@ def insert_steps(session: Session, rows: Sequence[tuple[Any, ...]]) -> None:
         return
     conn = session.connection()
     mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    sql = (f"INSERT INTO {StepMetric.__tablename__} ({', '.join(STEP_COLUMNS)}) "
-           f"VALUES ({', '.join([mark] * len(STEP_COLUMNS))})")
+    sql = (
+        f"INSERT INTO {StepMetric.__tablename__} ({', '.join(STEP_COLUMNS)}) "
+        f"VALUES ({', '.join([mark] * len(STEP_COLUMNS))})"
+    )
     conn.exec_driver_sql(sql, list(rows))
 
 
@@ -120,5 +143,9 @@ def pause_for_other_writers(session: Session) -> None:
 def finish_imported(session: Session, run_ids: Sequence[int]) -> None:
     """The import is complete: every run gets its start and finish time (one statement)."""
     now = utcnow()
-    session.execute(sa.update(Run).where(Run.id.in_(list(run_ids)))
-                    .values(started_at=now, finished_at=now).execution_options(synchronize_session=False))
+    session.execute(
+        sa.update(Run)
+        .where(Run.id.in_(list(run_ids)))
+        .values(started_at=now, finished_at=now)
+        .execution_options(synchronize_session=False)
+    )

@@ -18,12 +18,18 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from db.models import Run, utcnow
+from db.base import utcnow
+from db.models import Run
 
 
 def _lock(session: Session, where: list, limit: int) -> list[tuple[int, str]]:
-    stmt = (sa.select(Run.id, Run.queue).where(Run.status == "queued", Run.cancel_requested.is_(False), *where)
-            .order_by(Run.id).limit(limit).with_for_update(skip_locked=True))
+    stmt = (
+        sa.select(Run.id, Run.queue)
+        .where(Run.status == "queued", Run.cancel_requested.is_(False), *where)
+        .order_by(Run.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
     return [(row.id, row.queue) for row in session.execute(stmt)]
 
 
@@ -42,9 +48,12 @@ def lock_stale_dispatched(session: Session, published_before: datetime, limit: i
 def stamp_dispatched(session: Session, run_ids: list[int]) -> list[int]:
     """Mark runs as published (the broker accepted their messages): dispatched_at = now, one more message."""
     if run_ids:
-        session.execute(sa.update(Run).where(Run.id.in_(run_ids))
-                        .values(dispatched_at=utcnow(), num_dispatches=Run.num_dispatches + 1)
-                        .execution_options(synchronize_session=False))
+        session.execute(
+            sa.update(Run)
+            .where(Run.id.in_(run_ids))
+            .values(dispatched_at=utcnow(), num_dispatches=Run.num_dispatches + 1)
+            .execution_options(synchronize_session=False)
+        )
     return run_ids
 
 

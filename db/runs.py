@@ -32,9 +32,10 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.specs import ERROR_KINDS, RunResult
-from db.analysis import store_loss_curve
-from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunLog, RunSummary, RunTrace, StepMetric, utcnow
+from core.contracts.specs import ERROR_KINDS, RunResult
+from db.base import utcnow
+from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunLog, RunSummary, RunTrace, StepMetric
+from db.points import store_loss_curve
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 20_000
@@ -55,19 +56,37 @@ def _update(session: Session, run_id: int, where: list, **values) -> bool:
     return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
 
 
-def claim_run(session: Session, run_id: int, worker: str, host: str, lease_s: float,
-              now: datetime | None = None, count_attempt: bool = True) -> bool:
+def claim_run(
+    session: Session,
+    run_id: int,
+    worker: str,
+    host: str,
+    lease_s: float,
+    now: datetime | None = None,
+    count_attempt: bool = True,
+) -> bool:
     """queued -> running with a lease, in one atomic UPDATE. False: someone else has it (or it is gone).
 
     count_attempt=False: the worker re-attaches to a Slurm job submitted by an earlier claim (no new launch),
     so neither the attempt count nor started_at changes."""
     now = now or utcnow()
-    stmt = (sa.update(Run).where(Run.id == run_id, Run.status == "queued", Run.cancel_requested.is_(False))
-            .values(status="running", attempts=Run.attempts + int(count_attempt), worker=worker, host=host,
-                    started_at=now if count_attempt else sa.func.coalesce(Run.started_at, now),
-                    heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s), finished_at=None,
-                    error_kind=None, error_message=None)
-            .returning(Run.dispatched_at, Run.num_dispatches, Run.queue, Run.cluster))
+    stmt = (
+        sa.update(Run)
+        .where(Run.id == run_id, Run.status == "queued", Run.cancel_requested.is_(False))
+        .values(
+            status="running",
+            attempts=Run.attempts + int(count_attempt),
+            worker=worker,
+            host=host,
+            started_at=now if count_attempt else sa.func.coalesce(Run.started_at, now),
+            heartbeat_at=now,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+            finished_at=None,
+            error_kind=None,
+            error_message=None,
+        )
+        .returning(Run.dispatched_at, Run.num_dispatches, Run.queue, Run.cluster)
+    )
     row = session.execute(stmt.execution_options(synchronize_session=False)).first()
     if row is None:
         return False
@@ -86,12 +105,22 @@ def _give_back_a_message(session: Session, queue: str, cluster: str) -> None:
     """A requeued run took a message that a published run was counting on: the newest published queued run of
     the queue is marked unpublished, so that the dispatcher publishes one more message for it. Every published
     run keeps a message in flight, and the requeued run did not wait behind runs submitted after it."""
-    newest = (sa.select(Run.id)
-              .where(Run.queue == queue, Run.cluster == cluster, Run.status == "queued",
-                     Run.dispatched_at.is_not(None), Run.cancel_requested.is_(False))
-              .order_by(Run.id.desc()).limit(1).scalar_subquery())
-    session.execute(sa.update(Run).where(Run.id == newest).values(dispatched_at=None)
-                    .execution_options(synchronize_session=False))
+    newest = (
+        sa.select(Run.id)
+        .where(
+            Run.queue == queue,
+            Run.cluster == cluster,
+            Run.status == "queued",
+            Run.dispatched_at.is_not(None),
+            Run.cancel_requested.is_(False),
+        )
+        .order_by(Run.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    session.execute(
+        sa.update(Run).where(Run.id == newest).values(dispatched_at=None).execution_options(synchronize_session=False)
+    )
 
 
 def claim_candidates(session: Session, run_id: int, exclude: Collection[int] = (), limit: int = 20) -> list[int]:
@@ -108,35 +137,53 @@ def claim_candidates(session: Session, run_id: int, exclude: Collection[int] = (
     own = session.execute(sa.select(Run.queue, Run.cluster).where(Run.id == run_id)).first()
     if own is None:
         return []
-    stmt = (sa.select(Run.id)
-            .where(Run.queue == own.queue, Run.cluster == own.cluster, Run.status == "queued",
-                   Run.cancel_requested.is_(False),
-                   sa.or_(Run.dispatched_at.is_not(None), _requeued(), Run.id == run_id))
-            .order_by(Run.id).limit(limit))
+    stmt = (
+        sa.select(Run.id)
+        .where(
+            Run.queue == own.queue,
+            Run.cluster == own.cluster,
+            Run.status == "queued",
+            Run.cancel_requested.is_(False),
+            sa.or_(Run.dispatched_at.is_not(None), _requeued(), Run.id == run_id),
+        )
+        .order_by(Run.id)
+        .limit(limit)
+    )
     if exclude:
         stmt = stmt.where(Run.id.not_in(list(exclude)))
     return list(session.scalars(stmt))
 
 
-def heartbeat(session: Session, run_id: int, lease_s: float, worker: str | None = None,
-              now: datetime | None = None) -> LeaseState:
+def heartbeat(
+    session: Session, run_id: int, lease_s: float, worker: str | None = None, now: datetime | None = None
+) -> LeaseState:
     """Extend the lease of an active run (owned by `worker` when given); report a pending cancel."""
     now = now or utcnow()
     where = [Run.status.in_(ACTIVE_STATUSES)] + ([Run.worker == worker] if worker else [])
-    stmt = (sa.update(Run).where(Run.id == run_id, *where)
-            .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
-            .returning(Run.cancel_requested))
+    stmt = (
+        sa.update(Run)
+        .where(Run.id == run_id, *where)
+        .values(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+        .returning(Run.cancel_requested)
+    )
     row = session.execute(stmt.execution_options(synchronize_session=False)).first()
     return LeaseState(owned=row is not None, cancel_requested=bool(row and row[0]))
 
 
-def update_launch(session: Session, run_id: int, *, status: str | None = None, run_dir: str | None = None,
-                  slurm_job_id: str | None = None) -> bool:
+def update_launch(
+    session: Session,
+    run_id: int,
+    *,
+    status: str | None = None,
+    run_dir: str | None = None,
+    slurm_job_id: str | None = None,
+) -> bool:
     """Record where an active run lives (run dir, Slurm job id) and pending <-> running moves."""
     if status is not None and status not in ACTIVE_STATUSES:
         raise ValueError(f"status: {status!r} is not allowed here; allowed: {', '.join(ACTIVE_STATUSES)}")
-    values = {k: v for k, v in {"status": status, "run_dir": run_dir, "slurm_job_id": slurm_job_id}.items()
-              if v is not None}
+    values = {
+        k: v for k, v in {"status": status, "run_dir": run_dir, "slurm_job_id": slurm_job_id}.items() if v is not None
+    }
     if not values:
         return False
     return _update(session, run_id, [Run.status.in_(ACTIVE_STATUSES)], **values)
@@ -150,17 +197,32 @@ def _check_kind(kind: str) -> None:
 def mark_failed(session: Session, run_id: int, kind: str, message: str, now: datetime | None = None) -> bool:
     """Any non-terminal run -> failed(kind, message). False when it had already ended."""
     _check_kind(kind)
-    return _update(session, run_id, [Run.status.not_in(TERMINAL_STATUSES)], status="failed",
-                   error_kind=kind, error_message=message[:MAX_ERROR_MESSAGE_CHARS],
-                   finished_at=now or utcnow(), lease_expires_at=None)
+    return _update(
+        session,
+        run_id,
+        [Run.status.not_in(TERMINAL_STATUSES)],
+        status="failed",
+        error_kind=kind,
+        error_message=message[:MAX_ERROR_MESSAGE_CHARS],
+        finished_at=now or utcnow(),
+        lease_expires_at=None,
+    )
 
 
-def mark_cancelled(session: Session, run_id: int, message: str = "cancelled by request",
-                   now: datetime | None = None) -> bool:
+def mark_cancelled(
+    session: Session, run_id: int, message: str = "cancelled by request", now: datetime | None = None
+) -> bool:
     """Any non-terminal run -> cancelled (a queued run, or a running one whose worker stopped it)."""
-    return _update(session, run_id, [Run.status.not_in(TERMINAL_STATUSES)], status="cancelled",
-                   error_kind="cancelled", error_message=message, finished_at=now or utcnow(),
-                   lease_expires_at=None)
+    return _update(
+        session,
+        run_id,
+        [Run.status.not_in(TERMINAL_STATUSES)],
+        status="cancelled",
+        error_kind="cancelled",
+        error_message=message,
+        finished_at=now or utcnow(),
+        lease_expires_at=None,
+    )
 
 
 def _store_metrics(session: Session, run_id: int, result: RunResult) -> None:
@@ -171,8 +233,9 @@ def _store_metrics(session: Session, run_id: int, result: RunResult) -> None:
         session.execute(sa.insert(StepMetric), rows)
     if result.summary is not None:
         final_loss = result.numerics.final_loss if result.numerics else None  # a column, for the scaling reads
-        session.execute(sa.insert(RunSummary).values(run_id=run_id, final_loss=final_loss,
-                                                     **result.summary.model_dump()))
+        session.execute(
+            sa.insert(RunSummary).values(run_id=run_id, final_loss=final_loss, **result.summary.model_dump())
+        )
     store_loss_curve(session, run_id, [(s.step, s.loss) for s in result.steps if s.loss is not None])
 
 
@@ -182,11 +245,17 @@ def record_result(session: Session, run_id: int, result: RunResult, now: datetim
     False (nothing stored) when the run had already ended, e.g. cancelled or reaped as lost meanwhile.
     """
     error = result.error
-    ok = _update(session, run_id, [Run.status.not_in(TERMINAL_STATUSES)], status=result.status,
-                 result=result.model_dump(mode="json", exclude={"steps"}),
-                 error_kind=error.kind if error else None,
-                 error_message=error.message[:MAX_ERROR_MESSAGE_CHARS] if error else None,
-                 finished_at=now or utcnow(), lease_expires_at=None)
+    ok = _update(
+        session,
+        run_id,
+        [Run.status.not_in(TERMINAL_STATUSES)],
+        status=result.status,
+        result=result.model_dump(mode="json", exclude={"steps"}),
+        error_kind=error.kind if error else None,
+        error_message=error.message[:MAX_ERROR_MESSAGE_CHARS] if error else None,
+        finished_at=now or utcnow(),
+        lease_expires_at=None,
+    )
     if ok:
         _store_metrics(session, run_id, result)
     return ok
@@ -199,12 +268,32 @@ def reap_expired(session: Session, now: datetime | None = None, max_attempts: in
     """
     now = now or utcnow()
     expired = [Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now]
-    cancelled = _bulk(session, expired + [Run.cancel_requested.is_(True)], status="cancelled",
-                      error_kind="cancelled", error_message="cancelled (worker lost)", finished_at=now)
-    failed = _bulk(session, expired + [Run.attempts >= max_attempts], status="failed", error_kind="worker_lost",
-                   error_message=f"worker lost: lease expired after {max_attempts} attempt(s)", finished_at=now)
-    requeued = _bulk(session, expired, status="queued", dispatched_at=None, worker=None, host=None,
-                     error_kind=None, error_message=None)
+    cancelled = _bulk(
+        session,
+        expired + [Run.cancel_requested.is_(True)],
+        status="cancelled",
+        error_kind="cancelled",
+        error_message="cancelled (worker lost)",
+        finished_at=now,
+    )
+    failed = _bulk(
+        session,
+        expired + [Run.attempts >= max_attempts],
+        status="failed",
+        error_kind="worker_lost",
+        error_message=f"worker lost: lease expired after {max_attempts} attempt(s)",
+        finished_at=now,
+    )
+    requeued = _bulk(
+        session,
+        expired,
+        status="queued",
+        dispatched_at=None,
+        worker=None,
+        host=None,
+        error_kind=None,
+        error_message=None,
+    )
     if requeued or failed or cancelled:
         log.warning("reaped expired leases: requeued %s, failed %s, cancelled %s", requeued, failed, cancelled)
     return requeued, failed + cancelled
@@ -219,8 +308,12 @@ def requeue_detached(session: Session, run_ids: list[int], now: datetime | None 
     if not run_ids:
         return []
     now = now or utcnow()
-    where = [Run.id.in_(run_ids), Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now,
-             Run.cancel_requested.is_(False)]
+    where = [
+        Run.id.in_(run_ids),
+        Run.status.in_(ACTIVE_STATUSES),
+        Run.lease_expires_at < now,
+        Run.cancel_requested.is_(False),
+    ]
     requeued = _bulk(session, where, status="queued", dispatched_at=None, worker=None, host=None)
     if requeued:
         log.warning("expired leases of runs with a live launch (Slurm job): requeued to re-attach %s", requeued)
@@ -233,12 +326,20 @@ def requeue_interrupted(session: Session, run_id: int, worker: str, reason: str,
     refund_attempt: the run's processes were ended by us (not the run's fault), so the attempt is given back
     and the next claim launches it afresh; False for a Slurm job that goes on (the next claim re-attaches and
     spends nothing). A run with a pending cancel is left to mark_cancelled."""
-    stmt = (sa.update(Run)
-            .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.worker == worker,
-                   Run.cancel_requested.is_(False))
-            .values(status="queued", dispatched_at=None, worker=None, host=None, lease_expires_at=None,
-                    attempts=Run.attempts - int(refund_attempt), error_kind=None,
-                    error_message=f"requeued: {reason}"[:2000]))
+    stmt = (
+        sa.update(Run)
+        .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.worker == worker, Run.cancel_requested.is_(False))
+        .values(
+            status="queued",
+            dispatched_at=None,
+            worker=None,
+            host=None,
+            lease_expires_at=None,
+            attempts=Run.attempts - int(refund_attempt),
+            error_kind=None,
+            error_message=f"requeued: {reason}"[:2000],
+        )
+    )
     return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
 
 
@@ -248,8 +349,12 @@ def expire_leases(session: Session, owners: list[tuple[int, str]], now: datetime
     now = now or utcnow()
     expired = []
     for run_id, worker in owners:
-        if _update(session, run_id, [Run.status.in_(ACTIVE_STATUSES), Run.worker == worker],
-                   lease_expires_at=now - timedelta(microseconds=1)):
+        if _update(
+            session,
+            run_id,
+            [Run.status.in_(ACTIVE_STATUSES), Run.worker == worker],
+            lease_expires_at=now - timedelta(microseconds=1),
+        ):
             expired.append(run_id)
     return expired
 
@@ -257,10 +362,19 @@ def expire_leases(session: Session, owners: list[tuple[int, str]], now: datetime
 def requeue_for_retry(session: Session, run_id: int, reason: str) -> bool:
     """running|pending -> queued (undispatched) for another attempt after an infrastructure failure
     (node failure, preemption), unless a cancel is pending."""
-    stmt = (sa.update(Run)
-            .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.cancel_requested.is_(False))
-            .values(status="queued", dispatched_at=None, worker=None, host=None, lease_expires_at=None,
-                    error_kind=None, error_message=f"retrying after an infrastructure failure: {reason}"[:2000]))
+    stmt = (
+        sa.update(Run)
+        .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.cancel_requested.is_(False))
+        .values(
+            status="queued",
+            dispatched_at=None,
+            worker=None,
+            host=None,
+            lease_expires_at=None,
+            error_kind=None,
+            error_message=f"retrying after an infrastructure failure: {reason}"[:2000],
+        )
+    )
     return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
 
 
@@ -276,14 +390,20 @@ def active_runs_with_dir(session: Session) -> list[Run]:
 def expired_active_runs(session: Session, now: datetime) -> list[sa.Row]:
     """(id, cluster, run_dir, created_at, attempts) of active runs whose lease expired and that have no pending
     cancel."""
-    return list(session.execute(sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at, Run.attempts).where(
-        Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now, Run.cancel_requested.is_(False))))
+    return list(
+        session.execute(
+            sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at, Run.attempts).where(
+                Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now, Run.cancel_requested.is_(False)
+            )
+        )
+    )
 
 
 def active_runs_on_host(session: Session, host: str) -> list[tuple[int, str]]:
     """(id, worker) of active runs whose worker runs on `host` (whose liveness this host can check)."""
-    stmt = sa.select(Run.id, Run.worker).where(Run.status.in_(ACTIVE_STATUSES), Run.host == host,
-                                               Run.worker.is_not(None))
+    stmt = sa.select(Run.id, Run.worker).where(
+        Run.status.in_(ACTIVE_STATUSES), Run.host == host, Run.worker.is_not(None)
+    )
     return [(row.id, row.worker) for row in session.execute(stmt)]
 
 
@@ -327,12 +447,15 @@ def get_log(session: Session, run_id: int) -> RunLog | None:
 def store_trace(session: Session, run_id: int, rank: int, data_gzip: bytes) -> None:
     """Store (or replace) one rank's gzipped chrome trace; ValueError when it is over TRACE_STORE_MAX_BYTES."""
     if len(data_gzip) > TRACE_STORE_MAX_BYTES:
-        raise ValueError(f"trace of rank {rank}: {len(data_gzip)} bytes gzipped, over the store's limit of "
-                         f"{TRACE_STORE_MAX_BYTES} bytes")
+        raise ValueError(
+            f"trace of rank {rank}: {len(data_gzip)} bytes gzipped, over the store's limit of "
+            f"{TRACE_STORE_MAX_BYTES} bytes"
+        )
     row = session.get(RunTrace, (run_id, rank))
     if row is None:
-        session.add(RunTrace(run_id=run_id, rank=rank, data_gzip=data_gzip, gzip_bytes=len(data_gzip),
-                             created_at=utcnow()))
+        session.add(
+            RunTrace(run_id=run_id, rank=rank, data_gzip=data_gzip, gzip_bytes=len(data_gzip), created_at=utcnow())
+        )
     else:
         row.data_gzip, row.gzip_bytes, row.created_at = data_gzip, len(data_gzip), utcnow()
 
@@ -354,14 +477,19 @@ class BreakdownRow:
     layout: str
     num_devices: int
     repeat: int
-    breakdown: dict  # core.breakdown.Breakdown as JSON
+    breakdown: dict  # core.analysis.breakdown.Breakdown as JSON
 
 
 def breakdown_rows(session: Session, experiment_id: int) -> list[BreakdownRow]:
     """Succeeded runs of an experiment that carry a step breakdown (profiled runs), one query."""
     col = Run.result["breakdown"]
-    stmt = (sa.select(Run.id, Run.precision, Run.layout, Run.num_devices, Run.repeat, col)
-            .where(Run.experiment_id == experiment_id, Run.status == "succeeded")
-            .order_by(Run.id))
-    return [BreakdownRow(run_id, precision, layout, n, repeat, b)
-            for run_id, precision, layout, n, repeat, b in session.execute(stmt) if b]
+    stmt = (
+        sa.select(Run.id, Run.precision, Run.layout, Run.num_devices, Run.repeat, col)
+        .where(Run.experiment_id == experiment_id, Run.status == "succeeded")
+        .order_by(Run.id)
+    )
+    return [
+        BreakdownRow(run_id, precision, layout, n, repeat, b)
+        for run_id, precision, layout, n, repeat, b in session.execute(stmt)
+        if b
+    ]

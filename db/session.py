@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.specs import storable
+from core.contracts.specs import storable
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 PRIVATE_DIR_MODE, PRIVATE_FILE_MODE = 0o700, 0o600  # the database holds webhook secrets and token hashes

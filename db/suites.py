@@ -26,25 +26,33 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.clusters import Cluster
-from core.cron import parse as parse_cron
-from core.matrix import expand
-from core.regression import DEFAULT_METRICS
-from core.specs import ExperimentSpec
+from core.analysis.regression import DEFAULT_METRICS
+from core.contracts.clusters import Cluster
+from core.contracts.cron import parse as parse_cron
+from core.contracts.matrix import expand
+from core.contracts.specs import ExperimentSpec
+from db.base import utcnow
 from db.experiments import create_experiment
-from db.models import Experiment, Run, utcnow
-from db.models_nightly import (
+from db.models import (
     CONCURRENCY_POLICIES,
     DEFAULT_CONCURRENCY_POLICY,
     DEFAULT_MAX_QUEUED_RUNS,
     DEFAULT_SCHEDULE,
     MAX_FIRINGS_KEPT,
+    Experiment,
+    Run,
     Suite,
     SuiteFiring,
 )
 
-NIGHTLY_METRICS = ("tokens_per_sec", "efficiency", "fp8_speedup", "peak_memory_allocated_gib", "fp8_loss_gap",
-                   "numerics")
+NIGHTLY_METRICS = (
+    "tokens_per_sec",
+    "efficiency",
+    "fp8_speedup",
+    "peak_memory_allocated_gib",
+    "fp8_loss_gap",
+    "numerics",
+)
 # Ratios of two throughputs carry the noise of both: with +-3% on each, E(N) and S(N) move +-6%. Simulated
 # over 300 seeded 30-night series (uniform +-3% per run): threshold 5% gave 15% of series a false alarm,
 # 8% gave none, and still caught a 12% drop on the first two nights in 82% of series.
@@ -64,8 +72,16 @@ def check_schedule(schedule: str) -> str:
     try:
         return parse_cron(schedule).expression
     except ValueError as exc:
-        raise SuiteError("schedule", str(exc), ["5-field cron 'minute hour day-of-month month day-of-week', "
-                                                "e.g. '0 2 * * *'", "@daily", "@hourly", "@weekly"]) from exc
+        raise SuiteError(
+            "schedule",
+            str(exc),
+            [
+                "5-field cron 'minute hour day-of-month month day-of-week', e.g. '0 2 * * *'",
+                "@daily",
+                "@hourly",
+                "@weekly",
+            ],
+        ) from exc
 
 
 def check_thresholds(thresholds: Mapping[str, float]) -> dict[str, float]:
@@ -100,32 +116,58 @@ def suite_spec(suite: Suite, fired_at: datetime | None = None) -> ExperimentSpec
 
 
 def check_expands(spec: ExperimentSpec, cluster: Cluster) -> None:
-    """The template must give runs on its cluster (raises core.matrix.MatrixError otherwise)."""
+    """The template must give runs on its cluster (raises core.contracts.matrix.MatrixError otherwise)."""
     expand(spec.model_copy(update={"cluster": cluster.name}), cluster)
 
 
-def create_suite(session: Session, *, name: str, spec: ExperimentSpec, cluster: str, schedule: str = DEFAULT_SCHEDULE,
-                 enabled: bool = True, thresholds: Mapping[str, float] | None = None, baseline_nights: int = 7,
-                 concurrency_policy: str = DEFAULT_CONCURRENCY_POLICY, max_queued_runs: int = DEFAULT_MAX_QUEUED_RUNS,
-                 now: datetime | None = None) -> Suite:
+def create_suite(
+    session: Session,
+    *,
+    name: str,
+    spec: ExperimentSpec,
+    cluster: str,
+    schedule: str = DEFAULT_SCHEDULE,
+    enabled: bool = True,
+    thresholds: Mapping[str, float] | None = None,
+    baseline_nights: int = 7,
+    concurrency_policy: str = DEFAULT_CONCURRENCY_POLICY,
+    max_queued_runs: int = DEFAULT_MAX_QUEUED_RUNS,
+    now: datetime | None = None,
+) -> Suite:
     now = now or utcnow()
     expression = check_schedule(schedule)
     check_concurrency(concurrency_policy, max_queued_runs)
-    suite = Suite(name=name, spec=spec.model_copy(update={"cluster": cluster}).model_dump(mode="json"),
-                  cluster=cluster, schedule=expression, enabled=enabled,
-                  thresholds=check_thresholds(thresholds or {}), baseline_nights=baseline_nights,
-                  next_fire_at=parse_cron(expression).next_after(now) if enabled else None,
-                  concurrency_policy=concurrency_policy, max_queued_runs=max_queued_runs,
-                  created_at=now, updated_at=now)
+    suite = Suite(
+        name=name,
+        spec=spec.model_copy(update={"cluster": cluster}).model_dump(mode="json"),
+        cluster=cluster,
+        schedule=expression,
+        enabled=enabled,
+        thresholds=check_thresholds(thresholds or {}),
+        baseline_nights=baseline_nights,
+        next_fire_at=parse_cron(expression).next_after(now) if enabled else None,
+        concurrency_policy=concurrency_policy,
+        max_queued_runs=max_queued_runs,
+        created_at=now,
+        updated_at=now,
+    )
     session.add(suite)
     session.flush()
     return suite
 
 
-def update_suite(session: Session, suite: Suite, *, enabled: bool | None = None, schedule: str | None = None,
-                 thresholds: Mapping[str, float] | None = None, baseline_nights: int | None = None,
-                 concurrency_policy: str | None = None, max_queued_runs: int | None = None,
-                 now: datetime | None = None) -> Suite:
+def update_suite(
+    session: Session,
+    suite: Suite,
+    *,
+    enabled: bool | None = None,
+    schedule: str | None = None,
+    thresholds: Mapping[str, float] | None = None,
+    baseline_nights: int | None = None,
+    concurrency_policy: str | None = None,
+    max_queued_runs: int | None = None,
+    now: datetime | None = None,
+) -> Suite:
     """Enable/disable, reschedule, change thresholds or the concurrency policy and cap; the next firing is
     recomputed from `now`."""
     now = now or utcnow()
@@ -166,9 +208,11 @@ def list_suites(session: Session, *, enabled: bool | None = None) -> list[Suite]
 
 def due_suites(session: Session, now: datetime) -> list[tuple[int, datetime]]:
     """(id, next_fire_at) of enabled suites due at `now`, read fresh from the database every time."""
-    stmt = (sa.select(Suite.id, Suite.next_fire_at)
-            .where(Suite.enabled.is_(True), Suite.next_fire_at.is_not(None), Suite.next_fire_at <= now)
-            .order_by(Suite.next_fire_at, Suite.id))
+    stmt = (
+        sa.select(Suite.id, Suite.next_fire_at)
+        .where(Suite.enabled.is_(True), Suite.next_fire_at.is_not(None), Suite.next_fire_at <= now)
+        .order_by(Suite.next_fire_at, Suite.id)
+    )
     return [(row.id, row.next_fire_at) for row in session.execute(stmt)]
 
 
@@ -177,20 +221,27 @@ def claim_firing(session: Session, suite_id: int, seen_next_fire_at: datetime, n
     schedule = session.scalar(sa.select(Suite.schedule).where(Suite.id == suite_id))
     if schedule is None:
         return False
-    stmt = (sa.update(Suite)
-            .where(Suite.id == suite_id, Suite.enabled.is_(True), Suite.next_fire_at == seen_next_fire_at)
-            .values(next_fire_at=parse_cron(schedule).next_after(now), last_fired_at=now)
-            .execution_options(synchronize_session=False))
+    stmt = (
+        sa.update(Suite)
+        .where(Suite.id == suite_id, Suite.enabled.is_(True), Suite.next_fire_at == seen_next_fire_at)
+        .values(next_fire_at=parse_cron(schedule).next_after(now), last_fired_at=now)
+        .execution_options(synchronize_session=False)
+    )
     return session.execute(stmt).rowcount == 1
 
 
 def record_fire_error(session: Session, suite_id: int, error: str | None) -> None:
-    session.execute(sa.update(Suite).where(Suite.id == suite_id).values(last_error=error)
-                    .execution_options(synchronize_session=False))
+    session.execute(
+        sa.update(Suite)
+        .where(Suite.id == suite_id)
+        .values(last_error=error)
+        .execution_options(synchronize_session=False)
+    )
 
 
-def create_suite_experiment(session: Session, suite: Suite, cluster: Cluster,
-                            now: datetime | None = None) -> tuple[Experiment, list[int]]:
+def create_suite_experiment(
+    session: Session, suite: Suite, cluster: Cluster, now: datetime | None = None
+) -> tuple[Experiment, list[int]]:
     """The normal creation path for a suite firing: expand the template, store the experiment (source
     'suite', suite_id) and its queued runs. The caller commits, then dispatches the run ids."""
     now = now or utcnow()
@@ -230,14 +281,18 @@ class Unfinished:
 
 
 def unfinished_runs(session: Session, suite_id: int) -> Unfinished:
-    stmt = (sa.select(Run.experiment_id, Run.status, sa.func.count())
-            .join(Experiment, Experiment.id == Run.experiment_id)
-            .where(Experiment.suite_id == suite_id, Run.status.in_(("queued", "pending", "running")))
-            .group_by(Run.experiment_id, Run.status))
+    stmt = (
+        sa.select(Run.experiment_id, Run.status, sa.func.count())
+        .join(Experiment, Experiment.id == Run.experiment_id)
+        .where(Experiment.suite_id == suite_id, Run.status.in_(("queued", "pending", "running")))
+        .group_by(Run.experiment_id, Run.status)
+    )
     rows = session.execute(stmt).all()
-    return Unfinished(num_queued=sum(n for _, status, n in rows if status == "queued"),
-                      num_active=sum(n for _, status, n in rows if status != "queued"),
-                      experiment_ids=sorted({e for e, _, _ in rows}))
+    return Unfinished(
+        num_queued=sum(n for _, status, n in rows if status == "queued"),
+        num_active=sum(n for _, status, n in rows if status != "queued"),
+        experiment_ids=sorted({e for e, _, _ in rows}),
+    )
 
 
 def _ids(ids: list[int]) -> str:
@@ -250,53 +305,81 @@ def cancel_unfinished(session: Session, suite: Suite, now: datetime) -> int:
     of_suite = Run.experiment_id.in_(sa.select(Experiment.id).where(Experiment.suite_id == suite.id))
     message = f"cancelled: replaced by a newer firing of suite {suite.name!r}"[:2000]
     cancelled = session.execute(
-        sa.update(Run).where(of_suite, Run.status == "queued")
+        sa.update(Run)
+        .where(of_suite, Run.status == "queued")
         .values(status="cancelled", error_kind="cancelled", error_message=message, finished_at=now)
-        .execution_options(synchronize_session=False)).rowcount
+        .execution_options(synchronize_session=False)
+    ).rowcount
     marked = session.execute(
-        sa.update(Run).where(of_suite, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False))
-        .values(cancel_requested=True).execution_options(synchronize_session=False)).rowcount
+        sa.update(Run)
+        .where(of_suite, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False))
+        .values(cancel_requested=True)
+        .execution_options(synchronize_session=False)
+    ).rowcount
     return cancelled + marked
 
 
 def firing_skip_reason(suite: Suite, unfinished: Unfinished, trigger: str) -> str | None:
     """Why this firing must not create an experiment, or None (replace cancels before it asks)."""
     if trigger == "schedule" and suite.concurrency_policy == "skip" and unfinished.total:
-        return (f"concurrency_policy skip: earlier firings have {unfinished.total} unfinished runs "
-                f"({unfinished.num_queued} queued, {unfinished.num_active} running) in experiments "
-                f"{_ids(unfinished.experiment_ids)}")
+        return (
+            f"concurrency_policy skip: earlier firings have {unfinished.total} unfinished runs "
+            f"({unfinished.num_queued} queued, {unfinished.num_active} running) in experiments "
+            f"{_ids(unfinished.experiment_ids)}"
+        )
     if unfinished.num_queued >= suite.max_queued_runs:
-        return (f"max_queued_runs: {unfinished.num_queued} runs of earlier firings are still queued "
-                f"(the cap is {suite.max_queued_runs}) in experiments {_ids(unfinished.experiment_ids)}")
+        return (
+            f"max_queued_runs: {unfinished.num_queued} runs of earlier firings are still queued "
+            f"(the cap is {suite.max_queued_runs}) in experiments {_ids(unfinished.experiment_ids)}"
+        )
     return None
 
 
 def record_firing(session: Session, suite_id: int, now: datetime, trigger: str, fired: Fired) -> SuiteFiring:
     """One row per firing; only the newest MAX_FIRINGS_KEPT of a suite are kept."""
     outcome = "fired" if fired.experiment_id is not None else "skipped" if fired.skipped else "failed"
-    replaced = (f"replaced earlier firings: {fired.num_cancelled} runs cancelled or asked to stop"
-                if fired.num_cancelled else None)
+    replaced = (
+        f"replaced earlier firings: {fired.num_cancelled} runs cancelled or asked to stop"
+        if fired.num_cancelled
+        else None
+    )
     reason = "; ".join(r for r in (replaced, fired.skipped or fired.error) if r) or None
-    row = SuiteFiring(suite_id=suite_id, fired_at=now, trigger=trigger, outcome=outcome,
-                      experiment_id=fired.experiment_id, num_runs=len(fired.run_ids),
-                      num_cancelled=fired.num_cancelled, reason=reason[:2000] if reason else None)
+    row = SuiteFiring(
+        suite_id=suite_id,
+        fired_at=now,
+        trigger=trigger,
+        outcome=outcome,
+        experiment_id=fired.experiment_id,
+        num_runs=len(fired.run_ids),
+        num_cancelled=fired.num_cancelled,
+        reason=reason[:2000] if reason else None,
+    )
     session.add(row)
     session.flush()
-    oldest_kept = (sa.select(SuiteFiring.id).where(SuiteFiring.suite_id == suite_id)
-                   .order_by(SuiteFiring.id.desc()).offset(MAX_FIRINGS_KEPT - 1).limit(1).scalar_subquery())
-    session.execute(sa.delete(SuiteFiring).where(SuiteFiring.suite_id == suite_id, SuiteFiring.id < oldest_kept)
-                    .execution_options(synchronize_session=False))
+    oldest_kept = (
+        sa.select(SuiteFiring.id)
+        .where(SuiteFiring.suite_id == suite_id)
+        .order_by(SuiteFiring.id.desc())
+        .offset(MAX_FIRINGS_KEPT - 1)
+        .limit(1)
+        .scalar_subquery()
+    )
+    session.execute(
+        sa.delete(SuiteFiring)
+        .where(SuiteFiring.suite_id == suite_id, SuiteFiring.id < oldest_kept)
+        .execution_options(synchronize_session=False)
+    )
     return row
 
 
 def list_firings(session: Session, suite_id: int, limit: int = 50) -> list[SuiteFiring]:
-    stmt = (sa.select(SuiteFiring).where(SuiteFiring.suite_id == suite_id)
-            .order_by(SuiteFiring.id.desc()).limit(limit))
+    stmt = sa.select(SuiteFiring).where(SuiteFiring.suite_id == suite_id).order_by(SuiteFiring.id.desc()).limit(limit)
     return list(session.scalars(stmt))
 
 
-def fire_suite(session: Session, suite: Suite, clusters: Mapping[str, Cluster], now: datetime,
-               trigger: str = "schedule") -> Fired:
+def fire_suite(
+    session: Session, suite: Suite, clusters: Mapping[str, Cluster], now: datetime, trigger: str = "schedule"
+) -> Fired:
     """Create the suite's experiment (the caller already holds the claim, or this is a manual trigger) unless
     the concurrency policy or the queued-run cap skips it; or record on the suite why it cannot expand. Every
     outcome is recorded as a firing. The caller commits, then publishes the run ids."""
@@ -327,7 +410,7 @@ def fire_suite(session: Session, suite: Suite, clusters: Mapping[str, Cluster], 
 
 
 def metric_configs(suite: Suite) -> dict[str, Any]:
-    """core.regression MetricConfigs of the nightly metrics: defaults, DERIVED_THRESHOLDS, then the suite's
+    """core.analysis.regression MetricConfigs of the nightly metrics: defaults, DERIVED_THRESHOLDS, then the suite's
     own thresholds and K."""
     out = {}
     for name in NIGHTLY_METRICS:

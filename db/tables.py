@@ -1,6 +1,6 @@
 """Every table module, imported for their side effect on `Base.metadata` (Alembic, test databases)."""
 
-from db import models, models_nightly  # noqa: F401
+import db.models  # noqa: F401  (every table registers itself on Base.metadata)
 from db.base import Base
 
 __all__ = ["Base"]

@@ -12,7 +12,8 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from db.models import ApiToken, utcnow
+from db.base import utcnow
+from db.models import ApiToken
 
 TOKEN_PREFIX = "sb_"
 PREFIX_CHARS = 11  # "sb_" and 8 random characters: enough to tell tokens apart, far too few to guess one
@@ -34,8 +35,9 @@ def create_token(session: Session, name: str = "default") -> tuple[str, ApiToken
 
 def verify_token(session: Session, token: str) -> ApiToken | None:
     """The token's row when it exists and is not revoked (and touch last_used_at at most once a minute)."""
-    row = session.scalars(sa.select(ApiToken).where(ApiToken.token_hash == hash_token(token),
-                                                    ApiToken.revoked_at.is_(None))).first()
+    row = session.scalars(
+        sa.select(ApiToken).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
+    ).first()
     if row is not None:
         now = utcnow()
         if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:

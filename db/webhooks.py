@@ -13,10 +13,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.webhook_targets import Resolver, TargetRefused
-from core.webhook_targets import check_url as check_target
-from db.models import utcnow
-from db.models_nightly import DEFAULT_WEBHOOK_EVENTS, WEBHOOK_EVENTS, Webhook, WebhookDelivery
+from core.contracts.webhook_targets import Resolver, TargetRefused
+from core.contracts.webhook_targets import check_url as check_target
+from db.base import utcnow
+from db.models import DEFAULT_WEBHOOK_EVENTS, WEBHOOK_EVENTS, Webhook, WebhookDelivery
 
 MIN_SECRET_CHARS = 16
 
@@ -31,7 +31,7 @@ URL_FORMS = ["https://host/path", "http://host/path (public addresses only)"]
 
 
 def check_url(url: str, *, allow_private: bool = False, resolve: Resolver | None = None) -> str:
-    """A webhook URL the sender may POST to (core.webhook_targets: public addresses, no credentials)."""
+    """A webhook URL the sender may POST to (core.contracts.webhook_targets: public addresses, no credentials)."""
     try:
         check_target(url, allow_private=allow_private, resolve=resolve)
     except TargetRefused as exc:
@@ -48,17 +48,28 @@ def check_events(events: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(events))
 
 
-def create_webhook(session: Session, url: str, *, secret: str | None = None, events: Sequence[str] | None = None,
-                   enabled: bool = True, now: datetime | None = None, allow_private: bool = False,
-                   resolve: Resolver | None = None) -> Webhook:
+def create_webhook(
+    session: Session,
+    url: str,
+    *,
+    secret: str | None = None,
+    events: Sequence[str] | None = None,
+    enabled: bool = True,
+    now: datetime | None = None,
+    allow_private: bool = False,
+    resolve: Resolver | None = None,
+) -> Webhook:
     """A webhook; without a secret one is generated (returned once by the API, then never shown).
     allow_private: the operator allows receivers on private networks; resolve: check the name's addresses too."""
     if secret is not None and len(secret) < MIN_SECRET_CHARS:
         raise WebhookError("secret", f"must have at least {MIN_SECRET_CHARS} characters")
-    hook = Webhook(url=check_url(url, allow_private=allow_private, resolve=resolve),
-                   secret=secret or secrets.token_hex(32),
-                   events=check_events(events if events is not None else DEFAULT_WEBHOOK_EVENTS),
-                   enabled=enabled, created_at=now or utcnow())
+    hook = Webhook(
+        url=check_url(url, allow_private=allow_private, resolve=resolve),
+        secret=secret or secrets.token_hex(32),
+        events=check_events(events if events is not None else DEFAULT_WEBHOOK_EVENTS),
+        enabled=enabled,
+        created_at=now or utcnow(),
+    )
     session.add(hook)
     session.flush()
     return hook
@@ -72,8 +83,14 @@ def get_webhook(session: Session, webhook_id: int) -> Webhook | None:
     return session.get(Webhook, webhook_id)
 
 
-def update_webhook(session: Session, hook: Webhook, *, enabled: bool | None = None,
-                   events: Sequence[str] | None = None, now: datetime | None = None) -> Webhook:
+def update_webhook(
+    session: Session,
+    hook: Webhook,
+    *,
+    enabled: bool | None = None,
+    events: Sequence[str] | None = None,
+    now: datetime | None = None,
+) -> Webhook:
     """Enable or disable, change the events. Disabling ends the webhook's pending deliveries (failed, with
     that reason): a webhook turned off sends nothing more, and turning it on again sends no backlog."""
     if events is not None:
@@ -81,70 +98,117 @@ def update_webhook(session: Session, hook: Webhook, *, enabled: bool | None = No
     if enabled is not None:
         hook.enabled = enabled
         if not enabled:
-            session.execute(sa.update(WebhookDelivery)
-                            .where(WebhookDelivery.webhook_id == hook.id, WebhookDelivery.status == "pending")
-                            .values(status="failed", error="webhook disabled", next_attempt_at=None)
-                            .execution_options(synchronize_session=False))
+            session.execute(
+                sa.update(WebhookDelivery)
+                .where(WebhookDelivery.webhook_id == hook.id, WebhookDelivery.status == "pending")
+                .values(status="failed", error="webhook disabled", next_attempt_at=None)
+                .execution_options(synchronize_session=False)
+            )
     session.flush()
     return hook
 
 
 def delete_webhook(session: Session, hook: Webhook) -> None:
     """The webhook and its delivery log."""
-    session.execute(sa.delete(WebhookDelivery).where(WebhookDelivery.webhook_id == hook.id)
-                    .execution_options(synchronize_session=False))
+    session.execute(
+        sa.delete(WebhookDelivery)
+        .where(WebhookDelivery.webhook_id == hook.id)
+        .execution_options(synchronize_session=False)
+    )
     session.delete(hook)
     session.flush()
 
 
 def list_deliveries(session: Session, webhook_id: int, limit: int = 100) -> list[WebhookDelivery]:
-    stmt = (sa.select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
-            .order_by(WebhookDelivery.id.desc()).limit(limit))
+    stmt = (
+        sa.select(WebhookDelivery)
+        .where(WebhookDelivery.webhook_id == webhook_id)
+        .order_by(WebhookDelivery.id.desc())
+        .limit(limit)
+    )
     return list(session.scalars(stmt))
 
 
-def enqueue_event(session: Session, event: str, payload: dict[str, Any], regression_id: int | None = None,
-                  now: datetime | None = None) -> list[int]:
+def enqueue_event(
+    session: Session, event: str, payload: dict[str, Any], regression_id: int | None = None, now: datetime | None = None
+) -> list[int]:
     """One pending delivery per enabled webhook subscribed to `event`; returns their ids."""
     assert event in WEBHOOK_EVENTS, event
     now = now or utcnow()
     hooks = [h for h in session.scalars(sa.select(Webhook).where(Webhook.enabled.is_(True))) if event in h.events]
-    rows = [WebhookDelivery(webhook_id=h.id, regression_id=regression_id, event=event, payload=payload,
-                            status="pending", attempt=0, attempts_log=[], next_attempt_at=now, created_at=now)
-            for h in hooks]
+    rows = [
+        WebhookDelivery(
+            webhook_id=h.id,
+            regression_id=regression_id,
+            event=event,
+            payload=payload,
+            status="pending",
+            attempt=0,
+            attempts_log=[],
+            next_attempt_at=now,
+            created_at=now,
+        )
+        for h in hooks
+    ]
     session.add_all(rows)
     session.flush()
     return [r.id for r in rows]
 
 
 def due_deliveries(session: Session, now: datetime, limit: int = 50) -> list[tuple[int, datetime]]:
-    stmt = (sa.select(WebhookDelivery.id, WebhookDelivery.next_attempt_at)
-            .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
-            .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(limit))
+    stmt = (
+        sa.select(WebhookDelivery.id, WebhookDelivery.next_attempt_at)
+        .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
+        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+        .limit(limit)
+    )
     return [(r.id, r.next_attempt_at) for r in session.execute(stmt)]
 
 
-def claim_delivery(session: Session, delivery_id: int, seen_next_attempt_at: datetime, now: datetime,
-                   lease_s: float) -> bool:
+def claim_delivery(
+    session: Session, delivery_id: int, seen_next_attempt_at: datetime, now: datetime, lease_s: float
+) -> bool:
     """Compare-and-set: this sender owns the attempt; another sender sees next_attempt_at in the future."""
-    stmt = (sa.update(WebhookDelivery)
-            .where(WebhookDelivery.id == delivery_id, WebhookDelivery.status == "pending",
-                   WebhookDelivery.next_attempt_at == seen_next_attempt_at)
-            .values(next_attempt_at=now + timedelta(seconds=lease_s), attempt=WebhookDelivery.attempt + 1)
-            .execution_options(synchronize_session=False))
+    stmt = (
+        sa.update(WebhookDelivery)
+        .where(
+            WebhookDelivery.id == delivery_id,
+            WebhookDelivery.status == "pending",
+            WebhookDelivery.next_attempt_at == seen_next_attempt_at,
+        )
+        .values(next_attempt_at=now + timedelta(seconds=lease_s), attempt=WebhookDelivery.attempt + 1)
+        .execution_options(synchronize_session=False)
+    )
     return session.execute(stmt).rowcount == 1
 
 
-def record_attempt(session: Session, delivery_id: int, *, now: datetime, status_code: int | None,
-                   error: str | None, duration_ms: float, delivered: bool, retry_at: datetime | None) -> None:
+def record_attempt(
+    session: Session,
+    delivery_id: int,
+    *,
+    now: datetime,
+    status_code: int | None,
+    error: str | None,
+    duration_ms: float,
+    delivered: bool,
+    retry_at: datetime | None,
+) -> None:
     """The outcome of one attempt: delivered, retry at `retry_at`, or failed for good (retry_at None). Nothing
     when the delivery is gone (its webhook was deleted during the attempt)."""
     d = session.get(WebhookDelivery, delivery_id)
     if d is None:
         return
     d.status_code, d.error = status_code, error
-    d.attempts_log = [*d.attempts_log, {"attempt": d.attempt, "at": now.isoformat(), "status_code": status_code,
-                                        "error": error, "duration_ms": round(duration_ms, 1)}]
+    d.attempts_log = [
+        *d.attempts_log,
+        {
+            "attempt": d.attempt,
+            "at": now.isoformat(),
+            "status_code": status_code,
+            "error": error,
+            "duration_ms": round(duration_ms, 1),
+        },
+    ]
     if delivered:
         d.status, d.delivered_at, d.next_attempt_at = "delivered", now, None
     elif retry_at is None:

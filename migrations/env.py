@@ -19,9 +19,11 @@ target_metadata = Base.metadata
 
 def _url() -> str:
     # Precedence: `alembic -x url=...`, a URL set programmatically on the Config, then the environment.
-    return (context.get_x_argument(as_dictionary=True).get("url")
-            or config.attributes.get("url")
-            or Settings.from_env().database_url)
+    return (
+        context.get_x_argument(as_dictionary=True).get("url")
+        or config.attributes.get("url")
+        or Settings.from_env().database_url
+    )
 
 
 def _configure(**kwargs) -> None:

@@ -20,15 +20,18 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from core.specs import RunError, RunResult, RunSpec
+from core.contracts.specs import RunError, RunResult, RunSpec
 
 log = logging.getLogger("runner")
 
 
 def setup_logging() -> None:
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=os.environ.get("SCALEBENCH_LOG_LEVEL", "INFO"), stream=sys.stderr,
-                        format=f"%(asctime)s [rank{rank}] %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("SCALEBENCH_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format=f"%(asctime)s [rank{rank}] %(name)s %(levelname)s %(message)s",
+    )
 
 
 def write_result(path: Path, result: RunResult, *, only_if_absent: bool = False) -> None:
@@ -91,8 +94,12 @@ def train_with_runner(spec: RunSpec, run_dir: Path) -> RunResult:
     return run(spec, trace_dir=run_dir)  # profiler traces beside result.json
 
 
-def main(argv: list[str] | None = None, *, prog: str = "python -m runner",
-         train: Callable[[RunSpec, Path], RunResult] = train_with_runner) -> NoReturn:
+def main(
+    argv: list[str] | None = None,
+    *,
+    prog: str = "python -m runner",
+    train: Callable[[RunSpec, Path], RunResult] = train_with_runner,
+) -> NoReturn:
     """The program of an engine that trains in this process: `train(spec, run_dir)` returns every rank's
     RunResult (our runner's by default; runner.titan passes TorchTitan's); writing it and the exit code are
     the same for every such engine."""
@@ -104,8 +111,16 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m runner",
     rank = int(os.environ.get("RANK", "0"))
     spec, result = load_spec(args.spec)
     if spec is not None:
-        log.info("run %s: %s %s %s layers=%d %s %s", spec.run_key(), spec.engine, spec.model, spec.precision,
-                 spec.num_layers, spec.layout, json.dumps(spec.degrees.model_dump()))
+        log.info(
+            "run %s: %s %s %s layers=%d %s %s",
+            spec.run_key(),
+            spec.engine,
+            spec.model,
+            spec.precision,
+            spec.num_layers,
+            spec.layout,
+            json.dumps(spec.degrees.model_dump()),
+        )
         result = train(spec, args.out.parent)
     assert result is not None
     if rank == 0:

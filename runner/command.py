@@ -1,9 +1,9 @@
 """`python -m runner.command --spec spec.json --out result.json`: a command engine's run on one node.
 
 Reads command.json beside spec.json (written by the worker from the cluster's [cluster.engines.<name>] entry:
-the command is the operator's, never the request's), fills the placeholders (core.engines), starts the command
+the command is the operator's, never the request's), fills the placeholders (core.engines.registry), starts the command
 in this process group (a cancel or timeout of the run ends it with us), copies its output to our stdout (the
-run's log.txt) and, on the first node, reads its step metrics (core.engine_metrics) into a RunResult:
+run's log.txt) and, on the first node, reads its step metrics (core.engines.logs) into a RunResult:
 
 - exit code 0 and metrics read: succeeded, step times as the command measured them (Summary.step_time_source);
 - a non-zero exit: failed, kind `error`, with the exit code and the last 2 kB of its log;
@@ -27,11 +27,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core.engine_metrics import StepMetric, parse_metrics
-from core.engines import COMMAND_FILE, CommandEngine, render_command, template_values
-from core.hardware import peak_tflops
-from core.run_metrics import summarize
-from core.specs import Environment, Numerics, RunError, RunResult, RunSpec, StepRecord
+from core.analysis.summary import summarize
+from core.catalog.hardware import peak_tflops
+from core.contracts.specs import Environment, Numerics, RunError, RunResult, RunSpec, StepRecord
+from core.engines.command import COMMAND_FILE, CommandEngineConfig, render_command, template_values
+from core.engines.logs import StepMetric, parse_metrics
 from runner.__main__ import load_spec, setup_logging, write_result
 
 log = logging.getLogger("runner.command")
@@ -53,13 +53,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(spec: RunSpec, command: CommandEngine, run_dir: Path, num_nodes: int) -> dict:
+def launch(spec: RunSpec, command: CommandEngineConfig, run_dir: Path, num_nodes: int) -> dict:
     """The rendered launch of this node: argv, env, cwd, metrics source and file."""
     values = template_values(
-        spec, nnodes=num_nodes, node_rank=int(os.environ.get("SLURM_NODEID", "0")),
+        spec,
+        nnodes=num_nodes,
+        node_rank=int(os.environ.get("SLURM_NODEID", "0")),
         master_addr=os.environ.get("SCALEBENCH_MASTER_ADDR", "127.0.0.1"),
-        master_port=int(os.environ.get("SCALEBENCH_MASTER_PORT") or _free_port()), run_dir=str(run_dir),
-        code_dir=str(CODE_DIR))
+        master_port=int(os.environ.get("SCALEBENCH_MASTER_PORT") or _free_port()),
+        run_dir=str(run_dir),
+        code_dir=str(CODE_DIR),
+    )
     return render_command(command, spec, values)
 
 
@@ -70,8 +74,14 @@ def run_command(rendered: dict) -> tuple[int, list[str]]:
         env.pop(key, None)
     log.info("starting: %s", " ".join(rendered["argv"]))
     lines: collections.deque[str] = collections.deque(maxlen=KEEP_LINES)
-    proc = subprocess.Popen(rendered["argv"], cwd=rendered["cwd"], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        rendered["argv"],
+        cwd=rendered["cwd"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     # SIGTERM to us (a cancel, a stopping worker) goes to the command too, also when it is not in our group
     signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     assert proc.stdout is not None
@@ -88,9 +98,15 @@ def _tail(lines: list[str]) -> str:
 
 def _failed(spec: RunSpec, kind: str, message: str, lines: list[str]) -> RunResult:
     tail = _tail(lines)
-    return RunResult(run_key=spec.run_key(), status="failed",
-                     error=RunError(kind=kind, message=f"{message}\n--- last {LOG_TAIL_BYTES} bytes of its log ---\n"
-                                                       f"{tail}"[:20000], traceback_tail=tail or None))
+    return RunResult(
+        run_key=spec.run_key(),
+        status="failed",
+        error=RunError(
+            kind=kind,
+            message=f"{message}\n--- last {LOG_TAIL_BYTES} bytes of its log ---\n{tail}"[:20000],
+            traceback_tail=tail or None,
+        ),
+    )
 
 
 def result_from_metrics(spec: RunSpec, records: list[StepMetric], meta: dict, source: str) -> RunResult:
@@ -99,27 +115,54 @@ def result_from_metrics(spec: RunSpec, records: list[StepMetric], meta: dict, so
     losses = [r.loss for r in records]
     warmup = min(spec.warmup_steps, len(step_ms) - 1)  # at least one timed step
     bf16_peak, own_peak = peak_tflops(meta["device_name"], spec.precision)
-    note = None if bf16_peak else f"no MFU: device {meta['device_name']!r} is not in the peak table (core.hardware)"
-    summary = summarize(step_ms, warmup_steps=warmup, tokens_per_step=spec.tokens_per_step,
-                        num_devices=spec.num_devices,
-                        flops_per_token=spec.shape.flops_per_token(spec.seq_len),
-                        bf16_peak=bf16_peak, own_peak=own_peak, mfu_note=note, memory=(None, None),
-                        num_float8_linears=None, step_time_source=source)
-    steps = [StepRecord(step=i, loss=r.loss, step_ms=r.step_ms, tokens=spec.tokens_per_step, warmup=i < warmup)
-             for i, r in enumerate(records)]
+    note = (
+        None
+        if bf16_peak
+        else f"no MFU: device {meta['device_name']!r} is not in the peak table (core.catalog.hardware)"
+    )
+    summary = summarize(
+        step_ms,
+        warmup_steps=warmup,
+        tokens_per_step=spec.tokens_per_step,
+        num_devices=spec.num_devices,
+        flops_per_token=spec.shape.flops_per_token(spec.seq_len),
+        bf16_peak=bf16_peak,
+        own_peak=own_peak,
+        mfu_note=note,
+        memory=(None, None),
+        num_float8_linears=None,
+        step_time_source=source,
+    )
+    steps = [
+        StepRecord(step=i, loss=r.loss, step_ms=r.step_ms, tokens=spec.tokens_per_step, warmup=i < warmup)
+        for i, r in enumerate(records)
+    ]
     known = [v for v in losses if v is not None]
-    env = Environment(vendor=meta["vendor"], device_name=meta["device_name"], device_count=spec.num_devices,
-                      torch_version=_version("torch") or "unknown", torchao_version=_version("torchao"),
-                      python_version=platform.python_version(), hosts=[socket.gethostname()],
-                      world_size=spec.num_devices, engine=spec.engine)
-    return RunResult(run_key=spec.run_key(), status="succeeded", steps=steps, summary=summary,
-                     numerics=Numerics(final_loss=known[-1] if known else None, loss_curve=known), environment=env)
+    env = Environment(
+        vendor=meta["vendor"],
+        device_name=meta["device_name"],
+        device_count=spec.num_devices,
+        torch_version=_version("torch") or "unknown",
+        torchao_version=_version("torchao"),
+        python_version=platform.python_version(),
+        hosts=[socket.gethostname()],
+        world_size=spec.num_devices,
+        engine=spec.engine,
+    )
+    return RunResult(
+        run_key=spec.run_key(),
+        status="succeeded",
+        steps=steps,
+        summary=summary,
+        numerics=Numerics(final_loss=known[-1] if known else None, loss_curve=known),
+        environment=env,
+    )
 
 
 def execute(spec: RunSpec, run_dir: Path) -> RunResult | None:
     """Run the command; the result on the first node, None on the others (the first node writes it)."""
     meta = json.loads((run_dir / COMMAND_FILE).read_text())
-    command = CommandEngine.model_validate(meta["command"])
+    command = CommandEngineConfig.model_validate(meta["command"])
     rendered = launch(spec, command, run_dir, meta["num_nodes"])
     code, lines = run_command(rendered)
     if os.environ.get("SLURM_NODEID", "0") != "0":
@@ -135,8 +178,12 @@ def execute(spec: RunSpec, run_dir: Path) -> RunResult | None:
     records = parse_metrics(source, metric_lines, tokens_per_step=spec.tokens_per_step, num_devices=spec.num_devices)
     if not records:
         where = rendered["metrics_file"] if source == "jsonl" else "its output"
-        return _failed(spec, "no_metrics", f"{spec.engine}: the command exited 0 but {where} holds no step metric "
-                                           f"that the {source} parser can read", lines)
+        return _failed(
+            spec,
+            "no_metrics",
+            f"{spec.engine}: the command exited 0 but {where} holds no step metric that the {source} parser can read",
+            lines,
+        )
     label = "jsonl" if source == "jsonl" else f"log:{source.removesuffix('-log')}"
     return result_from_metrics(spec, records, meta, f"the command's own figures ({label})")
 
@@ -155,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = execute(spec, args.spec.parent)
     except (OSError, ValueError, KeyError) as exc:  # a command that cannot start, a bad command.json
-        result = RunResult(run_key=spec.run_key(), status="failed",
-                           error=RunError(kind="launch_error", message=f"{spec.engine}: {exc}"[:20000]))
+        result = RunResult(
+            run_key=spec.run_key(),
+            status="failed",
+            error=RunError(kind="launch_error", message=f"{spec.engine}: {exc}"[:20000]),
+        )
     if result is None:
         return 0
     write_result(args.out, result)

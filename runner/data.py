@@ -73,8 +73,10 @@ class MemmapTokens:
         if recipe is not None:
             tokenizer_vocab = int(recipe.get("tokenizer", {}).get("vocab_size", 0))
             if tokenizer_vocab > vocab_size:
-                raise ValueError(f"{field} {path!r}: its tokenizer's vocab ({tokenizer_vocab}) exceeds the model's "
-                                 f"vocab_size ({vocab_size}); build it with --vocab-size {vocab_size} or less")
+                raise ValueError(
+                    f"{field} {path!r}: its tokenizer's vocab ({tokenizer_vocab}) exceeds the model's "
+                    f"vocab_size ({vocab_size}); build it with --vocab-size {vocab_size} or less"
+                )
             dtype = np.dtype(recipe.get("dtype", "uint16"))
         else:
             dtype = np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
@@ -86,7 +88,7 @@ class MemmapTokens:
             raise ValueError(f"data_path holds {len(self.tokens)} tokens, fewer than seq_len + 1 ({length})")
         rng = np.random.default_rng(_seed_of(self.seed, step, index))
         start = int(rng.integers(0, len(self.tokens) - length))
-        return torch.from_numpy(self.tokens[start:start + length].astype(np.int64))
+        return torch.from_numpy(self.tokens[start : start + length].astype(np.int64))
 
 
 class Batches:
@@ -116,8 +118,7 @@ def make_eval_batches(spec, vocab_size: int, dp_rank: int, device: torch.device)
         source = MemmapTokens(held_out, vocab_size, HELD_OUT_SEED, field="held-out split of data_path")
     else:
         source = HeldOutSynthetic(SyntheticTokens(vocab_size, spec.seed))
-    return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank,
-                   device=device)
+    return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank, device=device)
 
 
 class HeldOutSynthetic:
@@ -135,5 +136,4 @@ def make_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> B
         source = MemmapTokens(spec.data_path, vocab_size, spec.seed)
     else:
         source = SyntheticTokens(vocab_size, spec.seed)
-    return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank,
-                   device=device)
+    return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank, device=device)

@@ -1,4 +1,4 @@
-"""Environment capture into core.specs.Environment.
+"""Environment capture into core.contracts.specs.Environment.
 
 The decisions (vendor, device name, arch, fp8 dtypes, peaks) are pure functions of a small DeviceInfo, so
 tests cover the AMD and NVIDIA branches with simulated properties; `probe_device()` fills it from torch.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from core.hardware import fp8_dtype_names, peak_tflops
-from core.specs import Environment
+from core.catalog.hardware import fp8_dtype_names, peak_tflops
+from core.contracts.specs import Environment
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +43,31 @@ def vendor_of(hip_version: str | None, cuda_version: str | None, cuda_available:
     return "nvidia" if cuda_version else "cpu"
 
 
-def device_info_from(props, *, device_count: int, hip_version: str | None, cuda_version: str | None,
-                     cuda_available: bool = True) -> DeviceInfo:
+def device_info_from(
+    props, *, device_count: int, hip_version: str | None, cuda_version: str | None, cuda_available: bool = True
+) -> DeviceInfo:
     """DeviceInfo from a torch.cuda.get_device_properties()-like object (attributes name, gcnArchName)."""
     vendor = vendor_of(hip_version, cuda_version, cuda_available)
     if vendor == "cpu":
         return DeviceInfo("cpu", platform.processor() or platform.machine() or "cpu", 1)
     gcn = getattr(props, "gcnArchName", None) if vendor == "amd" else None
-    return DeviceInfo(vendor, props.name, device_count, gcn_arch=gcn or None,
-                      cuda_version=cuda_version if vendor == "nvidia" else None,
-                      hip_version=hip_version if vendor == "amd" else None)
+    return DeviceInfo(
+        vendor,
+        props.name,
+        device_count,
+        gcn_arch=gcn or None,
+        cuda_version=cuda_version if vendor == "nvidia" else None,
+        hip_version=hip_version if vendor == "amd" else None,
+    )
 
 
 def probe_device(device_type: str) -> DeviceInfo:
     if device_type != "cuda" or not torch.cuda.is_available():
         return device_info_from(None, device_count=1, hip_version=None, cuda_version=None, cuda_available=False)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return device_info_from(props, device_count=torch.cuda.device_count(), hip_version=torch.version.hip,
-                            cuda_version=torch.version.cuda)
+    return device_info_from(
+        props, device_count=torch.cuda.device_count(), hip_version=torch.version.hip, cuda_version=torch.version.cuda
+    )
 
 
 def expected_fp8_dtypes(info: DeviceInfo) -> list[str]:
@@ -81,8 +88,10 @@ def peaks_for(info: DeviceInfo, precision: str) -> tuple[float | None, float | N
 
 def driver_version(vendor: str) -> str | None:
     """nvidia-smi / rocm-smi if on PATH, else pynvml; None when neither answers."""
-    cmd = {"nvidia": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-           "amd": ["rocm-smi", "--showdriverversion", "--csv"]}.get(vendor)
+    cmd = {
+        "nvidia": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        "amd": ["rocm-smi", "--showdriverversion", "--csv"],
+    }.get(vendor)
     if cmd and shutil.which(cmd[0]):
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
@@ -121,15 +130,33 @@ def torchao_version() -> str | None:
         return None
 
 
-def capture_environment(info: DeviceInfo, *, hosts: list[str], world_size: int, backend: str | None,
-                        fp8_dtypes: list[str], engine: str = "scalebench",
-                        torchtitan_version: str | None = None) -> Environment:
+def capture_environment(
+    info: DeviceInfo,
+    *,
+    hosts: list[str],
+    world_size: int,
+    backend: str | None,
+    fp8_dtypes: list[str],
+    engine: str = "scalebench",
+    torchtitan_version: str | None = None,
+) -> Environment:
     return Environment(
-        vendor=info.vendor, device_name=info.device_name, device_count=info.device_count,
-        gcn_arch=info.gcn_arch, driver_version=driver_version(info.vendor), cuda_version=info.cuda_version,
-        hip_version=info.hip_version, torch_version=torch.__version__, torchao_version=torchao_version(),
-        nccl_version=nccl_version(info.vendor), python_version=platform.python_version(), hosts=hosts,
-        world_size=world_size, backend=backend, fp8_dtypes=fp8_dtypes, engine=engine,
+        vendor=info.vendor,
+        device_name=info.device_name,
+        device_count=info.device_count,
+        gcn_arch=info.gcn_arch,
+        driver_version=driver_version(info.vendor),
+        cuda_version=info.cuda_version,
+        hip_version=info.hip_version,
+        torch_version=torch.__version__,
+        torchao_version=torchao_version(),
+        nccl_version=nccl_version(info.vendor),
+        python_version=platform.python_version(),
+        hosts=hosts,
+        world_size=world_size,
+        backend=backend,
+        fp8_dtypes=fp8_dtypes,
+        engine=engine,
         torchtitan_version=torchtitan_version,
     )
 

@@ -1,4 +1,4 @@
-"""Failures are results: invalid_config, oom, comm_timeout, error (core.specs.ERROR_KINDS, runner part).
+"""Failures are results: invalid_config, oom, comm_timeout, error (core.contracts.specs.ERROR_KINDS, runner part).
 
 Steps measured before a failure are kept. A test hook, SCALEBENCH_FAULT="kind:step:rank" (kind one of
 error, oom, hang), makes one rank fail after that step, so the failure paths run for real under torchrun.
@@ -14,8 +14,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from core.hardware import unsupported_reason
-from core.specs import MX_PRECISIONS, Numerics, RunError, RunResult, RunSpec
+from core.catalog.hardware import unsupported_reason
+from core.contracts.specs import MX_PRECISIONS, Numerics, RunError, RunResult, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,13 @@ def validate(spec: RunSpec, world_size: int) -> None:
     if d.dp_mode == "none" and d.dp_degree > 1:
         problems.append(f"dp_mode none with dp_replicate({d.dp_replicate}) * dp_shard({d.dp_shard}) > 1")
     shape = spec.shape
-    for field, value in (("num_heads", shape.num_heads), ("num_kv_heads", shape.num_kv_heads),
-                         ("ffn_hidden_dim", shape.ffn_hidden_dim), ("vocab_size", shape.vocab_size),
-                         ("seq_len", spec.seq_len)):
+    for field, value in (
+        ("num_heads", shape.num_heads),
+        ("num_kv_heads", shape.num_kv_heads),
+        ("ffn_hidden_dim", shape.ffn_hidden_dim),
+        ("vocab_size", shape.vocab_size),
+        ("seq_len", spec.seq_len),
+    ):
         if value % d.tp:
             problems.append(f"{field}({value}) of model {spec.model} is not divisible by tp({d.tp})")
     problems += mx_problems(spec)
@@ -69,8 +73,9 @@ def mx_problems(spec: RunSpec) -> list[str]:
     if tokens % 32:
         problems.append(f"precision {spec.precision}: local_batch_size * seq_len ({tokens}) is not divisible by 32")
     if spec.degrees.tp > 1:
-        problems.append(f"precision {spec.precision}: MX recipes run without tensor parallelism here "
-                        f"(tp({spec.degrees.tp}) > 1)")
+        problems.append(
+            f"precision {spec.precision}: MX recipes run without tensor parallelism here (tp({spec.degrees.tp}) > 1)"
+        )
     return problems
 
 
@@ -115,7 +120,7 @@ class RunState:
 
 
 def failed_result(spec: RunSpec, state: RunState, exc: BaseException) -> RunResult:
-    from core.run_metrics import step_records
+    from core.analysis.summary import step_records
     from runner.metrics import memory_at_failure
 
     state.failed = True
@@ -131,10 +136,15 @@ def failed_result(spec: RunSpec, state: RunState, exc: BaseException) -> RunResu
         steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
         if losses:
             numerics = Numerics(final_loss=losses[-1], loss_curve=losses)
-    error = RunError(kind=kind, message=f"{type(exc).__name__}: {exc}"[:20000], traceback_tail=tail,
-                     memory=memory)
-    return RunResult(run_key=spec.run_key(), status="failed", steps=steps, numerics=numerics,
-                     environment=state.environment, error=error)
+    error = RunError(kind=kind, message=f"{type(exc).__name__}: {exc}"[:20000], traceback_tail=tail, memory=memory)
+    return RunResult(
+        run_key=spec.run_key(),
+        status="failed",
+        steps=steps,
+        numerics=numerics,
+        environment=state.environment,
+        error=error,
+    )
 
 
 def _safe(fn, default):

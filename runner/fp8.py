@@ -1,12 +1,12 @@
 """torchao 8-bit float training: recipe -> config, module conversion, dtype reporting.
 
-float8 recipes (core.specs.FLOAT8_PRECISIONS, torchao.float8): fp8-tensorwise (one scale per tensor; the only
+float8 recipes (core.contracts.specs.FLOAT8_PRECISIONS, torchao.float8): fp8-tensorwise (one scale per tensor; the only
 recipe whose weights FSDP can all-gather in float8), fp8-rowwise (one scale per row, more accurate, costlier
 casts), fp8-rowwise-gw-hp (rowwise, but the weight gradient GEMM stays in high precision).
 
-MX recipes (core.specs.MX_PRECISIONS, torchao 0.18's MXFP8 training in torchao.prototype.moe_training): e4m3
+MX recipes (core.contracts.specs.MX_PRECISIONS, torchao 0.18's MXFP8 training in torchao.prototype.moe_training): e4m3
 elements with one e8m0 scale per 32 consecutive elements, in all three GEMMs of a Linear. mxfp8-cublas and
-mxfp8-cublas-floor need MX tensor cores (core.hardware); mxfp8-emulated, and every MX recipe on CPU, quantize
+mxfp8-cublas-floor need MX tensor cores (core.catalog.hardware); mxfp8-emulated, and every MX recipe on CPU, quantize
 and dequantize and multiply in bf16.
 """
 
@@ -18,7 +18,7 @@ import logging
 import torch
 from torch import nn
 
-from core.specs import FP8_PRECISIONS, MX_PRECISIONS
+from core.contracts.specs import FP8_PRECISIONS, MX_PRECISIONS
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,9 @@ def float8_config(precision: str, *, emulate: bool, fp8_all_gather: bool):
         import dataclasses
 
         return dataclasses.replace(base, emulate=emulate)
-    raise ValueError(f"precision {precision!r} is not a float8 recipe; allowed: fp8-tensorwise, "
-                     f"{', '.join(TORCHAO_RECIPES)}")
+    raise ValueError(
+        f"precision {precision!r} is not a float8 recipe; allowed: fp8-tensorwise, {', '.join(TORCHAO_RECIPES)}"
+    )
 
 
 # The output layer (the vocab projection) stays in bf16, as TorchTitan's Llama-3 configs filter it. A switch for the
@@ -98,8 +99,14 @@ def apply_float8(model: nn.Module, precision: str, *, emulate: bool, fp8_all_gat
     convert_to_float8_training(model, config=config, module_filter_fn=fp8_module_filter)
     num_converted = sum(isinstance(m, Float8Linear) for m in model.modules())
     num_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
-    log.info("float8 %s: converted %d of %d Linear modules (emulate=%s, fp8_all_gather=%s)",
-             precision, num_converted, num_linear, emulate, fp8_all_gather)
+    log.info(
+        "float8 %s: converted %d of %d Linear modules (emulate=%s, fp8_all_gather=%s)",
+        precision,
+        num_converted,
+        num_linear,
+        emulate,
+        fp8_all_gather,
+    )
     return config, num_converted
 
 
@@ -108,8 +115,11 @@ def apply_float8(model: nn.Module, precision: str, *, emulate: bool, fp8_all_gat
 
 def mx_module_filter(module: nn.Module, fqn: str) -> bool:
     """As fp8_module_filter, with both dims divisible by the MX block (32): each is a GEMM reduction dim."""
-    return (fp8_module_filter(module, fqn) and module.in_features % MX_BLOCK_SIZE == 0
-            and module.out_features % MX_BLOCK_SIZE == 0)
+    return (
+        fp8_module_filter(module, fqn)
+        and module.in_features % MX_BLOCK_SIZE == 0
+        and module.out_features % MX_BLOCK_SIZE == 0
+    )
 
 
 _MX_LINEAR_CLASS = None
@@ -133,9 +143,13 @@ def mx_linear_class() -> type[nn.Linear]:
                     dtype = torch.get_autocast_dtype(device_type)
                     x, weight = x.to(dtype), weight.to(dtype)
                 with torch.autocast(device_type, enabled=False):
-                    return _to_mxfp8_then_scaled_mm(x, weight, kernel_preference=self.kernel_preference,
-                                                    scale_calculation_mode=self.scale_calculation_mode,
-                                                    wgrad_with_hp=self.wgrad_with_hp)
+                    return _to_mxfp8_then_scaled_mm(
+                        x,
+                        weight,
+                        kernel_preference=self.kernel_preference,
+                        scale_calculation_mode=self.scale_calculation_mode,
+                        wgrad_with_hp=self.wgrad_with_hp,
+                    )
 
         _MX_LINEAR_CLASS = AutocastMXFP8Linear
     return _MX_LINEAR_CLASS
@@ -154,15 +168,26 @@ def apply_mx(model: nn.Module, recipe: MXRecipe, *, emulate: bool) -> tuple[MXRe
     for fqn, old in targets:
         assert old.bias is None, f"{fqn}: the MX Linear here takes no bias"
         with torch.device("meta"):
-            new = cls(old.in_features, old.out_features, bias=False, kernel_preference=kernel,
-                      scale_calculation_mode=ScaleCalculationMode(recipe.scale_mode),
-                      wgrad_with_hp=recipe.wgrad_with_hp)
+            new = cls(
+                old.in_features,
+                old.out_features,
+                bias=False,
+                kernel_preference=kernel,
+                scale_calculation_mode=ScaleCalculationMode(recipe.scale_mode),
+                wgrad_with_hp=recipe.wgrad_with_hp,
+            )
         new.weight = old.weight
         parent_name, _, child = fqn.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
     num_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
-    log.info("%s: converted %d of %d Linear modules to MXFP8 (kernel %s, %s scales)", recipe.precision,
-             len(targets), num_linear, kernel.value, recipe.scale_mode)
+    log.info(
+        "%s: converted %d of %d Linear modules to MXFP8 (kernel %s, %s scales)",
+        recipe.precision,
+        len(targets),
+        num_linear,
+        kernel.value,
+        recipe.scale_mode,
+    )
     return recipe, len(targets)
 
 
@@ -173,11 +198,19 @@ def fp8_dtypes_of_config(config) -> list[str]:
         return ["float8_e4m3fn"]
     from torchao.float8.config import ScalingType
 
-    casts = (config.cast_config_input, config.cast_config_input_for_grad_weight, config.cast_config_weight,
-             config.cast_config_weight_for_grad_input, config.cast_config_grad_output,
-             config.cast_config_grad_output_for_grad_weight)
-    names = {str(c.target_dtype).removeprefix("torch.") for c in casts
-             if c.scaling_type != ScalingType.DISABLED and c.target_dtype is not None}
+    casts = (
+        config.cast_config_input,
+        config.cast_config_input_for_grad_weight,
+        config.cast_config_weight,
+        config.cast_config_weight_for_grad_input,
+        config.cast_config_grad_output,
+        config.cast_config_grad_output_for_grad_weight,
+    )
+    names = {
+        str(c.target_dtype).removeprefix("torch.")
+        for c in casts
+        if c.scaling_type != ScalingType.DISABLED and c.target_dtype is not None
+    }
     return sorted(names)
 
 

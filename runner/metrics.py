@@ -1,4 +1,4 @@
-"""Step timing, loss bookkeeping without per-step host syncs (the Summary arithmetic lives in core.run_metrics).
+"""Step timing, loss bookkeeping without per-step host syncs (the Summary arithmetic lives in core.analysis.summary).
 
 Definitions (docs/architecture.md): tokens/s per device = global tokens per step / step time / N; TFLOP/s per device
 = FLOPs/token * that; MFU = TFLOP/s per device / peak dense TFLOP/s (bf16 peak, and the precision's own).
@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class StepTimer:
@@ -69,8 +69,11 @@ def peak_memory_gib(device: torch.device, reduce: bool = True) -> tuple[float | 
     """(allocated, reserved) peak GiB, max over ranks; (None, None) on CPU (no allocator statistics)."""
     if device.type != "cuda":
         return None, None
-    mem = torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
-                       dtype=torch.float64, device=device)
+    mem = torch.tensor(
+        [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+        dtype=torch.float64,
+        device=device,
+    )
     if reduce and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
     alloc, reserved = (mem / GIB).tolist()
@@ -81,7 +84,10 @@ def memory_at_failure(device: torch.device) -> dict[str, float] | None:
     if device.type != "cuda":
         return None
     free, total = torch.cuda.mem_get_info(device)
-    return {"allocated_gib": torch.cuda.memory_allocated(device) / GIB,
-            "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
-            "max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-            "free_gib": free / GIB, "total_gib": total / GIB}
+    return {
+        "allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+        "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+        "max_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "free_gib": free / GIB,
+        "total_gib": total / GIB,
+    }

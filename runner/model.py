@@ -1,6 +1,6 @@
-"""A plain PyTorch Llama-3 (RMSNorm, RoPE theta 500000, GQA, SwiGLU, causal SDPA) built from core.shapes.
+"""A plain PyTorch Llama-3 (RMSNorm, RoPE theta 500000, GQA, SwiGLU, causal SDPA) built from core.catalog.shapes.
 
-Shapes come from `core.shapes.ModelShape`. Attention and feed-forward infer their local head count from
+Shapes come from `core.catalog.shapes.ModelShape`. Attention and feed-forward infer their local head count from
 the projected tensor's width, so the same code runs unsharded and under tensor parallelism (where wq/wk/wv
 hold num_heads / tp heads per rank). Build on the meta device, then `to_empty` and `init_weights`.
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.shapes import ModelShape
+from core.catalog.shapes import ModelShape
 
 # GQA inside SDPA (enable_gqa: the kernel reads each kv head for its query heads) instead of repeating k and v to
 # the query head count first (a copy of both in the forward, a reduction of their gradients in the backward, and
@@ -143,7 +143,7 @@ def _init_std(name: str, shape: ModelShape) -> float | None:
     if name.endswith(("wo.weight", "w2.weight")):
         return 0.02 / (2 * shape.num_layers) ** 0.5  # residual projections scaled by depth (GPT-2)
     if name.startswith("output"):
-        return shape.dim ** -0.5
+        return shape.dim**-0.5
     return 0.02
 
 
@@ -174,11 +174,9 @@ def init_weights(model: Llama, seed: int) -> None:
         else:
             full.normal_(0.0, std, generator=gen)
         if isinstance(param, DTensor):
-            rep = DTensor.from_local(full, param.device_mesh, [Replicate()] * param.device_mesh.ndim,
-                                     run_check=False)
+            rep = DTensor.from_local(full, param.device_mesh, [Replicate()] * param.device_mesh.ndim, run_check=False)
             local = rep.redistribute(param.device_mesh, param.placements).to_local()
             param.to_local().copy_(local)
         else:
             param.copy_(full)
-    model.rope.copy_(rope_cos_sin(model.shape.head_dim, model.max_seq_len, model.shape.rope_theta,
-                                  model.rope.device))
+    model.rope.copy_(rope_cos_sin(model.shape.head_dim, model.max_seq_len, model.shape.rope_theta, model.rope.device))

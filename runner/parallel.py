@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from core.specs import ParallelDegrees, RunSpec
+from core.contracts.specs import ParallelDegrees, RunSpec
 from runner.fp8 import apply_float8, is_fp8
 
 log = logging.getLogger(__name__)
@@ -63,27 +63,39 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
             Float8RowwiseParallel,
             PrepareFloat8ModuleInput,
         )
+
         colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     else:
         colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
 
-    parallelize_module(model, tp_mesh, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        # Full logits on every rank (simple cross-entropy; loss_parallel would save the gather).
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
-    })
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            # Full logits on every rank (simple cross-entropy; loss_parallel would save the gather).
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
+        },
+    )
     for block in model.layers:
-        parallelize_module(block, tp_mesh, {
-            "attention_norm": SequenceParallel(),
-            "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "attention.wq": colwise(), "attention.wk": colwise(), "attention.wv": colwise(),
-            "attention.wo": rowwise(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": colwise(), "feed_forward.w3": colwise(),
-            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-        })
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+                "attention.wq": colwise(),
+                "attention.wk": colwise(),
+                "attention.wv": colwise(),
+                "attention.wo": rowwise(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": colwise(),
+                "feed_forward.w3": colwise(),
+                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+            },
+        )
     log.info("tensor parallel over %d ranks (sequence parallel, float8 styles=%s)", tp_mesh.size(), float8_tp)
 
 

@@ -2,8 +2,8 @@
 
 The profiled steps are the run's last ones: a profiled step is slower (the profiler records every op), and
 stopping the profiler takes seconds, so no unprofiled step comes after them; train.py leaves them out of the
-throughput figures. Each rank keeps its trace gzipped beside result.json (core.breakdown.TRACE_FILE),
-computes its own breakdown from it (core.breakdown: the rules), and rank 0 gathers them all.
+throughput figures. Each rank keeps its trace gzipped beside result.json (core.analysis.breakdown.TRACE_FILE),
+computes its own breakdown from it (core.analysis.breakdown: the rules), and rank 0 gathers them all.
 
     profiler = StepProfiler(spec, device, trace_dir)
     for step in ...:
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
-from core.breakdown import (
+from core.analysis.breakdown import (
     END_MARK,
     STEP_MARK,
     Breakdown,
@@ -39,7 +39,7 @@ from core.breakdown import (
     timeline_from_chrome_trace,
     trace_file_name,
 )
-from core.specs import RunSpec
+from core.contracts.specs import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,13 @@ class StepProfiler:
             per_rank = [None] * dist.get_world_size()
             dist.all_gather_object(per_rank, mine.model_dump())
             per_rank = [RankBreakdown.model_validate(r) for r in per_rank]
-        log.info("profiled steps %d-%d: rank %d step %.1f ms, exposed communication %.1f ms (trace and "
-                 "breakdown in %.1f s)", self.first, self.last, rank, mine.step_ms, mine.exposed_communication_ms,
-                 time.monotonic() - t0)
+        log.info(
+            "profiled steps %d-%d: rank %d step %.1f ms, exposed communication %.1f ms (trace and breakdown in %.1f s)",
+            self.first,
+            self.last,
+            rank,
+            mine.step_ms,
+            mine.exposed_communication_ms,
+            time.monotonic() - t0,
+        )
         return Breakdown(profiled_steps=self.profiled_steps, per_rank=per_rank, median=median_over_ranks(per_rank))

@@ -3,17 +3,17 @@
 Same command line, result writing and exit code as `python -m runner` (runner.__main__.main): rank 0 writes
 result.json, a failing peer leaves its error for rank 0, failures are results (runner.failures). Steps:
 
-1. a spec TorchTitan 0.2.2 cannot run is refused with the reason (core.titan_config.run_reason, the rule
+1. a spec TorchTitan 0.2.2 cannot run is refused with the reason (runner.titan_config.run_reason, the rule
    the POST-time check applies too): invalid_config;
 2. TorchTitan must import (the `torchtitan` extra); if it is absent the run fails as invalid_config;
-3. the job config: core.titan_config's TOML for the RunSpec, written beside result.json as titan.toml (what
+3. the job config: runner.titan_config's TOML for the RunSpec, written beside result.json as titan.toml (what
    TorchTitan read), parsed by TorchTitan's own ConfigManager;
 4. TorchTitan's Trainer trains, unchanged: its model (our shape, runner.titan_spec), parallelisms, float8
    converter, compile, AdamW, LR schedule and loss, on runner.data's batches;
 5. measured as our runner measures: a CUDA event after every optimizer step (a global optimizer-step hook; the
    device is synchronized once, when the times are read), the loss and grad norm of every step kept on the
    device, the peak memory over the training steps; TorchTitan's own tps/MFU log is not used. The RunResult
-   comes from core.run_metrics as for our runner, with environment.engine "torchtitan" and its version.
+   comes from core.analysis.summary as for our runner, with environment.engine "torchtitan" and its version.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core import titan_config
-from core.specs import Numerics, RunResult, RunSpec
+from core.contracts.specs import Numerics, RunResult, RunSpec
+from runner import titan_config
 
 log = logging.getLogger("runner.titan")
 
@@ -102,8 +102,9 @@ def single_process_env() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
 
 
 def write_job_toml(spec: RunSpec, run_dir: Path, comm_timeout_s: float) -> Path:
@@ -134,8 +135,13 @@ def run(spec: RunSpec, run_dir: Path | None = None) -> RunResult:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
         result = failures.failed_result(spec, state, exc)
         if result.environment is not None:
-            result = result.model_copy(update={"environment": result.environment.model_copy(
-                update={"engine": "torchtitan", "torchtitan_version": version})})
+            result = result.model_copy(
+                update={
+                    "environment": result.environment.model_copy(
+                        update={"engine": "torchtitan", "torchtitan_version": version}
+                    )
+                }
+            )
         return result
     finally:
         state.cleanup()
@@ -156,7 +162,7 @@ def _run(spec: RunSpec, state, toml_path: Path, version: str) -> None:
     from torchtitan.train import Trainer
 
     import runner.titan_spec  # noqa: F401 - registers the train spec (the Trainer's custom_import does it too)
-    from core.run_metrics import step_records, summarize
+    from core.analysis.summary import step_records, summarize
     from runner.env import capture_environment, gather_hosts, peaks_for, probe_device
     from runner.fp8 import fp8_dtypes_of_config
     from runner.metrics import DeviceLog, peak_memory_gib
@@ -176,11 +182,15 @@ def _run(spec: RunSpec, state, toml_path: Path, version: str) -> None:
     fp8_dtypes = fp8_dtypes_of_config(float8_linears[0].config) if float8_linears else []
     state.num_float8_linears = len(float8_linears)
     state.environment = capture_environment(
-        info, hosts=hosts, world_size=spec.num_devices, backend=dist.get_backend(), fp8_dtypes=fp8_dtypes,
+        info,
+        hosts=hosts,
+        world_size=spec.num_devices,
+        backend=dist.get_backend(),
+        fp8_dtypes=fp8_dtypes,
     ).model_copy(update={"engine": "torchtitan", "torchtitan_version": version})
 
     # Per step, without touching TorchTitan's loop: the LR and the loss from forward_backward_step (one
-    # micro-batch a step: core.titan_config sets global = local x dp), the grad norm from its clip_grad_norm_.
+    # micro-batch a step: runner.titan_config sets global = local x dp), the grad norm from its clip_grad_norm_.
     # A rank's TorchTitan loss is its token sum over the global token count; times the data-parallel degree it
     # is the rank's own mean, which DeviceLog averages over ranks as for our runner.
     device_log = DeviceLog()
@@ -225,16 +235,34 @@ def _run(spec: RunSpec, state, toml_path: Path, version: str) -> None:
 
     shape = spec.shape  # the layer and vocabulary overrides included
     bf16_peak, own_peak, mfu_note = peaks_for(info, spec.precision)
-    summary = summarize(step_ms, warmup_steps=spec.warmup_steps, tokens_per_step=spec.tokens_per_step,
-                        num_devices=spec.num_devices, flops_per_token=shape.flops_per_token(spec.seq_len),
-                        bf16_peak=bf16_peak, own_peak=own_peak, mfu_note=mfu_note, memory=memory,
-                        num_float8_linears=len(float8_linears), step_time_source=STEP_TIME_SOURCE)
+    summary = summarize(
+        step_ms,
+        warmup_steps=spec.warmup_steps,
+        tokens_per_step=spec.tokens_per_step,
+        num_devices=spec.num_devices,
+        flops_per_token=shape.flops_per_token(spec.seq_len),
+        bf16_peak=bf16_peak,
+        own_peak=own_peak,
+        mfu_note=mfu_note,
+        memory=memory,
+        num_float8_linears=len(float8_linears),
+        step_time_source=STEP_TIME_SOURCE,
+    )
     steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
-    state.result = RunResult(run_key=spec.run_key(), status="succeeded", steps=steps, summary=summary,
-                             numerics=Numerics(final_loss=losses[-1] if losses else None, loss_curve=losses),
-                             environment=state.environment)
-    log.info("done: %.0f tokens/s, %.1f ms/step median (torchtitan %s)", summary.tokens_per_sec,
-             summary.step_ms_median, version)
+    state.result = RunResult(
+        run_key=spec.run_key(),
+        status="succeeded",
+        steps=steps,
+        summary=summary,
+        numerics=Numerics(final_loss=losses[-1] if losses else None, loss_curve=losses),
+        environment=state.environment,
+    )
+    log.info(
+        "done: %.0f tokens/s, %.1f ms/step median (torchtitan %s)",
+        summary.tokens_per_sec,
+        summary.step_ms_median,
+        version,
+    )
 
 
 def main(argv: list[str] | None = None):

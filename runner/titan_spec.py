@@ -1,6 +1,6 @@
 """TorchTitan train spec of engine torchtitan: TorchTitan's own llama3 with our shapes and our data.
 
-runner.titan registers it (core.titan_config.MODEL_NAME) before it starts the Trainer, and the job config names
+runner.titan registers it (runner.titan_config.MODEL_NAME) before it starts the Trainer, and the job config names
 this module as `experimental.custom_import` (TorchTitan's hook for user code), so the TOML alone also finds it.
 Nothing in TorchTitan is edited. TorchTitan is imported inside the functions: this module imports (and
 registers nothing) where TorchTitan is absent.
@@ -8,7 +8,7 @@ registers nothing) where TorchTitan is absent.
 The spec is TorchTitan's llama3 train spec (its Transformer, parallelize_llama, AdamW, LR schedule, cross-entropy
 loss) with:
 
-- flavors `<shape>_<layers>L` built on demand from core.shapes (core.titan_config.model_args);
+- flavors `<shape>_<layers>L` built on demand from core.catalog.shapes (runner.titan_config.model_args);
 - a dataloader that serves runner.data's batches (the synthetic stream by seed, or the data_path file), addressed
   by (seed, step, global sequence index) exactly as our runner reads them, so both engines train on the same
   tokens; no tokenizer, no validator, no Hugging Face state-dict adapter (nothing is read or downloaded).
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from core.titan_config import DATASET_FILE, DATASET_SYNTHETIC, MODEL_NAME, model_args, shape_of_flavor
 from runner.data import Batches, MemmapTokens, SyntheticTokens
+from runner.titan_config import DATASET_FILE, DATASET_SYNTHETIC, MODEL_NAME, model_args, shape_of_flavor
 
 
 def transformer_args(flavor: str):
@@ -87,8 +87,13 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer: Any, job_confi
         source = SyntheticTokens(vocab_size, seed)
     else:
         raise ValueError(f"training.dataset {training.dataset!r} is not one of {DATASET_SYNTHETIC}, {DATASET_FILE}")
-    batches = Batches(source, seq_len=training.seq_len, local_batch_size=training.local_batch_size,
-                      dp_rank=dp_rank, device=torch.device("cpu"))
+    batches = Batches(
+        source,
+        seq_len=training.seq_len,
+        local_batch_size=training.local_batch_size,
+        dp_rank=dp_rank,
+        device=torch.device("cpu"),
+    )
     return RunnerBatches(batches)
 
 
@@ -96,8 +101,14 @@ def train_spec():
     """TorchTitan's llama3 TrainSpec with our flavors and data (no tokenizer, validator or HF adapter)."""
     from torchtitan.models.llama3 import get_train_spec
 
-    return dataclasses.replace(get_train_spec(), model_args=Flavors(), build_dataloader_fn=build_dataloader,
-                               build_tokenizer_fn=None, build_validator_fn=None, state_dict_adapter=None)
+    return dataclasses.replace(
+        get_train_spec(),
+        model_args=Flavors(),
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=None,
+        build_validator_fn=None,
+        state_dict_adapter=None,
+    )
 
 
 def register() -> None:

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from core.run_metrics import step_records, summarize
-from core.specs import EvalPoint, Numerics, RunResult, RunSpec
+from core.analysis.summary import step_records, summarize
+from core.contracts.specs import EvalPoint, Numerics, RunResult, RunSpec
 from runner import failures
 from runner.corpus import describe
 from runner.data import make_batches, make_eval_batches
@@ -211,18 +211,28 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
     model, facts = build_model(spec, mesh, device)
     fp8_dtypes = fp8_dtypes_of_config(facts["fp8_config"]) if facts["fp8_config"] else []
     if fp8_dtypes and info.vendor != "cpu" and not set(fp8_dtypes) <= set(expected_fp8_dtypes(info)):
-        log.warning("fp8 dtypes %s differ from the expected %s on %s", fp8_dtypes, expected_fp8_dtypes(info),
-                    info.device_name)
-    state.environment = capture_environment(info, hosts=hosts, world_size=spec.num_devices,
-                                            backend=dist.get_backend(), fp8_dtypes=fp8_dtypes)
+        log.warning(
+            "fp8 dtypes %s differ from the expected %s on %s", fp8_dtypes, expected_fp8_dtypes(info), info.device_name
+        )
+    state.environment = capture_environment(
+        info, hosts=hosts, world_size=spec.num_devices, backend=dist.get_backend(), fp8_dtypes=fp8_dtypes
+    )
     shape = spec.shape
     batches = make_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
-    eval_batches = (make_eval_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
-                    if spec.eval_every_steps else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                  fused=device.type == "cuda", foreach=device.type != "cuda")
+    eval_batches = (
+        make_eval_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device) if spec.eval_every_steps else None
+    )
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=spec.lr,
+        betas=(0.9, 0.95),
+        weight_decay=0.1,
+        fused=device.type == "cuda",
+        foreach=device.type != "cuda",
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps, spec.lr_schedule))
+        optimizer, lambda s: lr_factor(s, spec.lr_warmup_steps, spec.steps, spec.lr_schedule)
+    )
     precompute = spec.precompute_fp8_scales and facts.get("fp8_all_gather", False)
     params = list(model.parameters())
     fused = device.type == "cuda"
@@ -282,20 +292,39 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
     losses, norms = device_log.read(reduce=True)
     eval_values = read_eval_losses(eval_losses)
     eval_tokens = spec.eval_batches * spec.local_batch_size * spec.seq_len * spec.degrees.dp_degree
-    eval_curve = [EvalPoint(step=s, loss=v if math.isfinite(v) else None, num_tokens=eval_tokens)
-                  for s, v in zip(eval_steps, eval_values)]
+    eval_curve = [
+        EvalPoint(step=s, loss=v if math.isfinite(v) else None, num_tokens=eval_tokens)
+        for s, v in zip(eval_steps, eval_values)
+    ]
     bf16_peak, own_peak, mfu_note = peaks_for(info, spec.precision)
-    unprofiled_ms = step_ms[:profiler.first]  # profiled steps (the last ones) are slower: not in the figures
-    summary = summarize(unprofiled_ms, warmup_steps=spec.warmup_steps, tokens_per_step=spec.tokens_per_step,
-                        num_devices=spec.num_devices, flops_per_token=shape.flops_per_token(spec.seq_len),
-                        bf16_peak=bf16_peak, own_peak=own_peak, mfu_note=mfu_note,
-                        memory=peak_memory_gib(device), num_float8_linears=facts["num_float8_linears"])
+    unprofiled_ms = step_ms[: profiler.first]  # profiled steps (the last ones) are slower: not in the figures
+    summary = summarize(
+        unprofiled_ms,
+        warmup_steps=spec.warmup_steps,
+        tokens_per_step=spec.tokens_per_step,
+        num_devices=spec.num_devices,
+        flops_per_token=shape.flops_per_token(spec.seq_len),
+        bf16_peak=bf16_peak,
+        own_peak=own_peak,
+        mfu_note=mfu_note,
+        memory=peak_memory_gib(device),
+        num_float8_linears=facts["num_float8_linears"],
+    )
     steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
-    state.result = RunResult(run_key=spec.run_key(), status="succeeded", steps=steps, summary=summary,
-                             numerics=Numerics(final_loss=losses[-1], loss_curve=losses, eval_curve=eval_curve,
-                                               data=data_description(spec)),
-                             environment=state.environment, breakdown=breakdown)
-    log.info("done: %.0f tokens/s, %.1f ms/step median, mfu %s", summary.tokens_per_sec, summary.step_ms_median,
-             f"{summary.mfu_vs_bf16_peak:.3f}" if summary.mfu_vs_bf16_peak is not None else "n/a")
+    state.result = RunResult(
+        run_key=spec.run_key(),
+        status="succeeded",
+        steps=steps,
+        summary=summary,
+        numerics=Numerics(final_loss=losses[-1], loss_curve=losses, eval_curve=eval_curve, data=data_description(spec)),
+        environment=state.environment,
+        breakdown=breakdown,
+    )
+    log.info(
+        "done: %.0f tokens/s, %.1f ms/step median, mfu %s",
+        summary.tokens_per_sec,
+        summary.step_ms_median,
+        f"{summary.mfu_vs_bf16_peak:.3f}" if summary.mfu_vs_bf16_peak is not None else "n/a",
+    )
     if is_fp8(spec.precision):
         log.info("float8 dtypes used: %s", ", ".join(fp8_dtypes))

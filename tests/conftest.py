@@ -42,6 +42,7 @@ from db.tables import Base
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 def worker_index() -> int:
     """0 without pytest-xdist, else N of its worker gwN (`make test` runs the suite in TEST_WORKERS processes)."""
     return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
@@ -60,7 +61,9 @@ def for_worker(database_url: str, redis_url: str, index: int) -> tuple[str, str]
 
 TEST_DATABASE_URL, TEST_REDIS_URL = for_worker(
     os.environ.get("TEST_DATABASE_URL", "postgresql+psycopg://root@127.0.0.1:5432/scalebench_test"),
-    os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"), worker_index())
+    os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"),
+    worker_index(),
+)
 
 
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -169,6 +172,7 @@ def queued_messages(redis_client: redis.Redis) -> Callable[[str], list[tuple[str
             args, _kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
             out.append((envelope["headers"]["task"], args))
         return out
+
     return read
 
 

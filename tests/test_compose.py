@@ -58,8 +58,10 @@ def test_compose_config_is_valid_with_the_services(cmd: list[str]) -> None:
 def test_api_has_no_access_to_run_directories(cmd: list[str]) -> None:
     """The API serves logs from the database: it mounts only the clusters file, never the runs volume."""
     services = _config(cmd)["services"]
-    mounts = [v if isinstance(v, str) else f"{v.get('source', '')}:{v.get('target', '')}"
-              for v in services["api"].get("volumes", [])]
+    mounts = [
+        v if isinstance(v, str) else f"{v.get('source', '')}:{v.get('target', '')}"
+        for v in services["api"].get("volumes", [])
+    ]
     assert mounts and all("clusters.toml" in m for m in mounts), mounts
     assert all("/data" not in m.split(":")[-1] for m in mounts)
     worker_mounts = [v if isinstance(v, str) else v.get("target", "") for v in services["worker"]["volumes"]]

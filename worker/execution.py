@@ -25,9 +25,9 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.specs import RunError, RunResult, RunSpec
+import db.runs
+from core.contracts.specs import RunError, RunResult, RunSpec
 from db import outbox
-from db import runs as db_runs
 from db.session import session_scope
 from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail, trace_files
 from worker.runtime import Runtime
@@ -102,13 +102,16 @@ def _execute(rt: Runtime, run_id: int, republish: Callable[[int], None] | None) 
         return "skipped"
     claimed = _claim_next(rt, run_id)
     if claimed is None:
-        log.info("run %d: not claimable (already claimed, finished, cancelled or gone) and no other run of its "
-                 "cluster waits: nothing to do", run_id)
+        log.info(
+            "run %d: not claimable (already claimed, finished, cancelled or gone) and no other run of its "
+            "cluster waits: nothing to do",
+            run_id,
+        )
         return "skipped"
     if claimed[0] != run_id:
         log.info("message for run %d: starting run %d, the oldest queued run of its cluster", run_id, claimed[0])
     run_id, attached = claimed
-    run = with_db(rt, lambda s: db_runs.get_run(s, run_id), f"run {run_id}: read")
+    run = with_db(rt, lambda s: db.runs.get_run(s, run_id), f"run {run_id}: read")
     assert run is not None
     try:
         spec = RunSpec.model_validate(run.spec)
@@ -116,8 +119,12 @@ def _execute(rt: Runtime, run_id: int, republish: Callable[[int], None] | None) 
         launcher = rt.launcher(cluster)
         if attached is not None:
             handle, run_dir = attached, Path(attached.run_dir)
-            log.warning("run %d: re-attached to Slurm job %s (submitted by an earlier claim; last state %s)",
-                        run_id, handle.job_id, handle.extra.get("last_state"))
+            log.warning(
+                "run %d: re-attached to Slurm job %s (submitted by an earlier claim; last state %s)",
+                run_id,
+                handle.job_id,
+                handle.extra.get("last_state"),
+            )
         else:
             run_dir = rt.run_dir(cluster, run_id)
             if run_dir.exists() and _left_by_another_database(run_dir, run.created_at):
@@ -127,8 +134,12 @@ def _execute(rt: Runtime, run_id: int, republish: Callable[[int], None] | None) 
         log.exception("run %d: launch failed", run_id)
         _record_failure(rt, run_id, run.spec, "launch_error", f"launch failed: {exc}", "")
         return "failed"
-    with_db(rt, lambda s: db_runs.update_launch(s, run_id, run_dir=str(run_dir), slurm_job_id=handle.job_id),
-            f"run {run_id}: launch details", retry_forever=True)
+    with_db(
+        rt,
+        lambda s: db.runs.update_launch(s, run_id, run_dir=str(run_dir), slurm_job_id=handle.job_id),
+        f"run {run_id}: launch details",
+        retry_forever=True,
+    )
     outcome = _watch(rt, run_id, launcher, handle)
     if isinstance(outcome, str):  # cancelled, or interrupted by the worker's shutdown
         return outcome
@@ -145,8 +156,11 @@ def _claim_next(rt: Runtime, message_run_id: int) -> tuple[int, LaunchHandle | N
     claim is one conditional UPDATE; the loser tries the next candidate."""
     tried: set[int] = set()
     while True:
-        candidates = with_db(rt, lambda s: db_runs.claim_candidates(s, message_run_id, exclude=tried),
-                             f"run {message_run_id}: claim candidates")
+        candidates = with_db(
+            rt,
+            lambda s: db.runs.claim_candidates(s, message_run_id, exclude=tried),
+            f"run {message_run_id}: claim candidates",
+        )
         if not candidates:
             return None
         for run_id in candidates:
@@ -154,11 +168,16 @@ def _claim_next(rt: Runtime, message_run_id: int) -> tuple[int, LaunchHandle | N
             try:
                 attached = _find_attachable(rt, run_id)
             except RuntimeError as exc:  # Slurm cannot be asked: a job may exist, so none is submitted now
-                log.warning("run %d: cannot tell whether a Slurm job was submitted for it (%s): left queued "
-                            "(the scheduler publishes it again later)", run_id, exc)
+                log.warning(
+                    "run %d: cannot tell whether a Slurm job was submitted for it (%s): left queued "
+                    "(the scheduler publishes it again later)",
+                    run_id,
+                    exc,
+                )
                 continue
+
             def claim(s: Session, i: int = run_id, a: LaunchHandle | None = attached) -> bool:
-                return db_runs.claim_run(s, i, rt.worker_name, rt.host, rt.settings.lease_s, count_attempt=a is None)
+                return db.runs.claim_run(s, i, rt.worker_name, rt.host, rt.settings.lease_s, count_attempt=a is None)
 
             if with_db(rt, claim, f"run {run_id}: claim"):
                 return run_id, attached
@@ -194,18 +213,18 @@ def attachable_handle(run_dir: str | Path, run_id: int, created_at: datetime) ->
 
 def _find_attachable(rt: Runtime, run_id: int) -> LaunchHandle | None:
     """Before claiming: does this queued run already have a Slurm job to re-attach to?"""
-    run = with_db(rt, lambda s: db_runs.get_run(s, run_id), f"run {run_id}: read before claim")
+    run = with_db(rt, lambda s: db.runs.get_run(s, run_id), f"run {run_id}: read before claim")
     if run is None or run.status != "queued" or run.cluster not in rt.clusters:
         return None  # the claim (or the launch) says what is wrong
     cluster = rt.clusters[run.cluster]
     if cluster.launcher != "slurm":
         return None  # a local run's processes died with their worker: it is launched again
-    return find_slurm_job(rt, cluster, run_id, run.run_dir or rt.run_dir(cluster, run_id), run.created_at,
-                          run.attempts)
+    return find_slurm_job(rt, cluster, run_id, run.run_dir or rt.run_dir(cluster, run_id), run.created_at, run.attempts)
 
 
-def find_slurm_job(rt: Runtime, cluster, run_id: int, run_dir: str | Path, created_at: datetime,
-                   attempts: int) -> LaunchHandle | None:
+def find_slurm_job(
+    rt: Runtime, cluster, run_id: int, run_dir: str | Path, created_at: datetime, attempts: int
+) -> LaunchHandle | None:
     """The Slurm job a run can be re-attached to: from handle.json, else (a worker died after sbatch returned
     and before it wrote handle.json) found by its job name. Raises RuntimeError (SlurmError) when Slurm
     cannot be asked."""
@@ -253,12 +272,18 @@ def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOu
             shipped.ship()
         if outcome.state != last_state:  # Slurm: pending <-> running
             last_state = outcome.state
-            _try_db(rt, lambda s, state=outcome.state: db_runs.update_launch(s, run_id, status=state),
-                    f"run {run_id}: state")
+            _try_db(
+                rt,
+                lambda s, state=outcome.state: db.runs.update_launch(s, run_id, status=state),
+                f"run {run_id}: state",
+            )
         if now >= next_heartbeat:
             next_heartbeat = now + rt.settings.heartbeat_s
-            lease = _try_db(rt, lambda s: db_runs.heartbeat(s, run_id, rt.settings.lease_s, rt.worker_name),
-                            f"run {run_id}: heartbeat")
+            lease = _try_db(
+                rt,
+                lambda s: db.runs.heartbeat(s, run_id, rt.settings.lease_s, rt.worker_name),
+                f"run {run_id}: heartbeat",
+            )
             if lease is not None and (lease.cancel_requested or not lease.owned):
                 _stop(rt, run_id, launcher, handle, owned=lease.owned)
                 if lease.owned:
@@ -266,7 +291,7 @@ def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOu
                 return "cancelled"
         elif now >= next_cancel_check:
             next_cancel_check = now + CANCEL_CHECK_S
-            flag = _try_db(rt, lambda s: db_runs.cancel_requested(s, run_id), f"run {run_id}: cancel check")
+            flag = _try_db(rt, lambda s: db.runs.cancel_requested(s, run_id), f"run {run_id}: cancel check")
             if flag:
                 _stop(rt, run_id, launcher, handle, owned=True)
                 shipped.ship(final=True)
@@ -286,9 +311,9 @@ def _interrupt(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, shipped
     shipped.ship()
 
     def requeue(s: Session) -> str:
-        if db_runs.requeue_interrupted(s, run_id, rt.worker_name, reason, refund_attempt=not slurm):
+        if db.runs.requeue_interrupted(s, run_id, rt.worker_name, reason, refund_attempt=not slurm):
             return "queued"
-        if not slurm and db_runs.cancel_requested(s, run_id) and db_runs.mark_cancelled(s, run_id):
+        if not slurm and db.runs.cancel_requested(s, run_id) and db.runs.mark_cancelled(s, run_id):
             return "cancelled"
         return "interrupted"  # ended meanwhile (cancelled, reaped): its record stands
 
@@ -307,7 +332,7 @@ class LogShipper:
 
     def ship(self, final: bool = False) -> None:
         try:
-            tail, size = read_log_tail(self.run_dir, db_runs.LOG_STORE_MAX_BYTES)
+            tail, size = read_log_tail(self.run_dir, db.runs.LOG_STORE_MAX_BYTES)
         except OSError as exc:  # the shared run dir is unreachable: the run goes on; say so once per call
             log.warning("run %d: log not readable (%s)", self.run_id, exc)
             return
@@ -315,7 +340,7 @@ class LogShipper:
             return
 
         def store(s: Session) -> bool:
-            db_runs.store_log(s, self.run_id, tail, size, final=final)
+            db.runs.store_log(s, self.run_id, tail, size, final=final)
             return True
 
         if final:
@@ -339,7 +364,7 @@ def ship_traces(rt: Runtime, run_id: int, run_dir: str | Path) -> int:
         data = path.read_bytes()
 
         def store(s: Session, rank: int = rank, data: bytes = data) -> None:
-            db_runs.store_trace(s, run_id, rank, data)
+            db.runs.store_trace(s, run_id, rank, data)
 
         try:
             with_db(rt, store, f"run {run_id}: trace of rank {rank}", retry_forever=True)
@@ -361,7 +386,7 @@ def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool)
     log.info("run %d: %s: ending its processes", run_id, why)
     launcher.cancel(handle)
     if owned:
-        with_db(rt, lambda s: db_runs.mark_cancelled(s, run_id), f"run {run_id}: mark cancelled", retry_forever=True)
+        with_db(rt, lambda s: db.runs.mark_cancelled(s, run_id), f"run {run_id}: mark cancelled", retry_forever=True)
 
 
 _db_warned_at = 0.0
@@ -379,25 +404,40 @@ def _try_db(rt: Runtime, fn: Callable[[Session], T], what: str) -> T | None:
         return None
 
 
-def _finish(rt: Runtime, run_id: int, spec_json: dict, attempts: int, outcome: LaunchOutcome,
-            republish: Callable[[int], None] | None) -> str:
+def _finish(
+    rt: Runtime,
+    run_id: int,
+    spec_json: dict,
+    attempts: int,
+    outcome: LaunchOutcome,
+    republish: Callable[[int], None] | None,
+) -> str:
     if outcome.result is not None:
         result = outcome.result
-        stored = with_db(rt, lambda s: db_runs.record_result(s, run_id, result), f"run {run_id}: record result",
-                         retry_forever=True)
+        stored = with_db(
+            rt, lambda s: db.runs.record_result(s, run_id, result), f"run {run_id}: record result", retry_forever=True
+        )
         log.info("run %d: %s (%s)", run_id, result.status, "recorded" if stored else "already ended: not stored")
         return result.status
     assert outcome.error_kind is not None
     if outcome.retryable and attempts <= rt.settings.max_infra_retries:
-        requeued = with_db(rt, lambda s: db_runs.requeue_for_retry(s, run_id, outcome.message or ""),
-                           f"run {run_id}: requeue", retry_forever=True)
-        log.warning("run %d: infrastructure failure on attempt %d (%s): %s", run_id, attempts, outcome.message,
-                    "requeued" if requeued else "not requeued (already ended)")
+        requeued = with_db(
+            rt,
+            lambda s: db.runs.requeue_for_retry(s, run_id, outcome.message or ""),
+            f"run {run_id}: requeue",
+            retry_forever=True,
+        )
+        log.warning(
+            "run %d: infrastructure failure on attempt %d (%s): %s",
+            run_id,
+            attempts,
+            outcome.message,
+            "requeued" if requeued else "not requeued (already ended)",
+        )
         if requeued and republish is not None:
             republish(run_id)
         return "queued"
-    _record_failure(rt, run_id, spec_json, outcome.error_kind, outcome.message or outcome.error_kind,
-                    outcome.log_tail)
+    _record_failure(rt, run_id, spec_json, outcome.error_kind, outcome.message or outcome.error_kind, outcome.log_tail)
     return "failed"
 
 
@@ -408,8 +448,8 @@ def _record_failure(rt: Runtime, run_id: int, spec_json: dict, kind: str, messag
         run_key = RunSpec.model_validate(spec_json).run_key()
     except ValueError:
         run_key = "invalid-spec"
-    result = RunResult(run_key=run_key, status="failed",
-                       error=RunError(kind=kind, message=text[:20000], traceback_tail=tail or None))
-    with_db(rt, lambda s: db_runs.record_result(s, run_id, result), f"run {run_id}: record failure",
-            retry_forever=True)
+    result = RunResult(
+        run_key=run_key, status="failed", error=RunError(kind=kind, message=text[:20000], traceback_tail=tail or None)
+    )
+    with_db(rt, lambda s: db.runs.record_result(s, run_id, result), f"run {run_id}: record failure", retry_forever=True)
     log.warning("run %d: failed (%s): %s", run_id, kind, message)

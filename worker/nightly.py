@@ -27,12 +27,12 @@ from celery import Celery
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clusters import Cluster
-from db import regressions as detect
-from db import suites as q
+import db.detection
+import db.suites
+from core.contracts.clusters import Cluster
+from db.base import utcnow
 from db.experiments import get_experiment
-from db.models import utcnow
-from db.models_nightly import Suite
+from db.models import Suite
 from db.suites import Fired
 from worker import webhooks
 from worker.queue import dispatch_runs
@@ -41,10 +41,11 @@ log = logging.getLogger(__name__)
 NIGHTLY_TICK_S = 30.0
 
 
-def fire_and_publish(session: Session, celery: Celery | None, suite: Suite, clusters: Mapping[str, Cluster],
-                     now: datetime) -> Fired:
+def fire_and_publish(
+    session: Session, celery: Celery | None, suite: Suite, clusters: Mapping[str, Cluster], now: datetime
+) -> Fired:
     """db.suites.fire_suite, commit, then publish its runs (a down broker leaves them to the dispatcher)."""
-    fired = q.fire_suite(session, suite, clusters, now)
+    fired = db.suites.fire_suite(session, suite, clusters, now)
     session.commit()
     if fired.skipped is not None:
         log.warning("suite %d (%s) firing skipped: %s", suite.id, suite.name, fired.skipped)
@@ -56,25 +57,30 @@ def fire_and_publish(session: Session, celery: Celery | None, suite: Suite, clus
     if celery is not None:
         dispatched = dispatch_runs(session, celery, fired.run_ids).ok
         session.commit()
-    log.info("suite %d (%s) fired: experiment %d, %d runs", suite.id, suite.name, fired.experiment_id,
-             len(fired.run_ids))
+    log.info(
+        "suite %d (%s) fired: experiment %d, %d runs", suite.id, suite.name, fired.experiment_id, len(fired.run_ids)
+    )
     return replace(fired, dispatched=dispatched)
 
 
-def fire_due_suites(session_factory: sessionmaker[Session], celery: Celery | None,
-                    clusters: Mapping[str, Cluster], now: datetime | None = None) -> list[Fired]:
+def fire_due_suites(
+    session_factory: sessionmaker[Session],
+    celery: Celery | None,
+    clusters: Mapping[str, Cluster],
+    now: datetime | None = None,
+) -> list[Fired]:
     """Fire every suite due at `now` that this process wins the claim for."""
     now = now or utcnow()
     with session_factory() as s:
-        due = q.due_suites(s, now)
+        due = db.suites.due_suites(s, now)
     fired = []
     for suite_id, seen in due:
         with session_factory() as s:
-            if not q.claim_firing(s, suite_id, seen, now):
+            if not db.suites.claim_firing(s, suite_id, seen, now):
                 s.rollback()
                 log.info("suite %d: claimed by another beat", suite_id)
                 continue
-            suite = q.get_suite(s, suite_id)
+            suite = db.suites.get_suite(s, suite_id)
             assert suite is not None
             fired.append(fire_and_publish(s, celery, suite, clusters, now))
     return fired
@@ -87,7 +93,7 @@ def evaluate_finished(session_factory: sessionmaker[Session], now: datetime | No
     findings (the state machine only moves forward in time)."""
     now = now or utcnow()
     with session_factory() as s:
-        pending = detect.pending_evaluations(s)
+        pending = db.detection.pending_evaluations(s)
     done = []
     for exp_id, suite_id, finished in pending:
         if not finished:
@@ -95,13 +101,14 @@ def evaluate_finished(session_factory: sessionmaker[Session], now: datetime | No
         with session_factory() as s:
             try:
                 created = get_experiment(s, exp_id).created_at  # type: ignore[union-attr]
-                latest = detect.latest_evaluated_at(s, suite_id)
+                latest = db.detection.latest_evaluated_at(s, suite_id)
                 if latest is not None and created < latest:
-                    detect.mark_skipped(s, exp_id, suite_id, now)
-                    log.warning("suite %d: experiment %d finished after a later night was checked: skipped",
-                                suite_id, exp_id)
+                    db.detection.mark_skipped(s, exp_id, suite_id, now)
+                    log.warning(
+                        "suite %d: experiment %d finished after a later night was checked: skipped", suite_id, exp_id
+                    )
                 else:
-                    rows = detect.detect_for_experiment(s, exp_id, now)
+                    rows = db.detection.detect_for_experiment(s, exp_id, now)
                     for r in rows:
                         log.warning("suite %d experiment %d: %s", suite_id, exp_id, r.message)
                 s.commit()
@@ -112,16 +119,23 @@ def evaluate_finished(session_factory: sessionmaker[Session], now: datetime | No
     return done
 
 
-def nightly_tick(session_factory: sessionmaker[Session], celery: Celery | None, clusters: Mapping[str, Cluster],
-                 now: datetime | None = None, *, webhook_allow_private: bool = False) -> dict[str, list]:
+def nightly_tick(
+    session_factory: sessionmaker[Session],
+    celery: Celery | None,
+    clusters: Mapping[str, Cluster],
+    now: datetime | None = None,
+    *,
+    webhook_allow_private: bool = False,
+) -> dict[str, list]:
     """One tick; a failing phase is logged and does not stop the others. webhook_allow_private: the operator
     allows webhook receivers on private networks (settings.webhook_allow_private)."""
     now = now or utcnow()
     out: dict[str, list] = {"fired": [], "evaluated": [], "deliveries": []}
-    phases = (("fired", lambda: fire_due_suites(session_factory, celery, clusters, now)),
-              ("evaluated", lambda: evaluate_finished(session_factory, now)),
-              ("deliveries", lambda: webhooks.deliver_due(session_factory, now,
-                                                          allow_private=webhook_allow_private)))
+    phases = (
+        ("fired", lambda: fire_due_suites(session_factory, celery, clusters, now)),
+        ("evaluated", lambda: evaluate_finished(session_factory, now)),
+        ("deliveries", lambda: webhooks.deliver_due(session_factory, now, allow_private=webhook_allow_private)),
+    )
     for name, phase in phases:
         try:
             out[name] = phase()

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import Settings
 from db import outbox
-from db.models import utcnow
+from db.base import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,12 @@ def _transport(settings: Settings) -> tuple[str, dict]:
             d.mkdir(parents=True, exist_ok=True)
         # Producers write and consumers read the same folder; control_folder enables fanout (remote control).
         return "filesystem://", {
-            "data_folder_in": str(dirs["queue"]), "data_folder_out": str(dirs["queue"]),
-            "control_folder": str(dirs["control"]), "processed_folder": str(dirs["processed"]),
-            "store_processed": False, "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "data_folder_in": str(dirs["queue"]),
+            "data_folder_out": str(dirs["queue"]),
+            "control_folder": str(dirs["control"]),
+            "processed_folder": str(dirs["processed"]),
+            "store_processed": False,
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
             # kombu polls the folder once a second by default: up to a second idle between two runs
             "polling_interval": FILESYSTEM_POLL_S,
         }
@@ -94,8 +97,11 @@ def make_celery(settings: Settings | None = None, include: Sequence[str] = ()) -
     if not settings.broker_is_filesystem:
         # One probe client per app: no retries, short timeouts (redis-py retries for ~6 s by default).
         app.conf.scalebench_probe = redis.Redis.from_url(
-            settings.broker_url, socket_connect_timeout=BROKER_CONNECT_TIMEOUT_S / 3,
-            socket_timeout=BROKER_CONNECT_TIMEOUT_S / 3, retry=Retry(NoBackoff(), 0))
+            settings.broker_url,
+            socket_connect_timeout=BROKER_CONNECT_TIMEOUT_S / 3,
+            socket_timeout=BROKER_CONNECT_TIMEOUT_S / 3,
+            retry=Retry(NoBackoff(), 0),
+        )
     return app
 
 
@@ -137,8 +143,9 @@ def publish_run(celery: Celery, run_id: int, queue: str, producer=None) -> None:
     celery.send_task(TASK_EXECUTE_RUN, args=[run_id], queue=queue, retry=False, producer=producer)
 
 
-def dispatch_runs(session: Session, celery: Celery, run_ids: Sequence[int] | None = None,
-                  limit: int = DISPATCH_BATCH) -> DispatchOutcome:
+def dispatch_runs(
+    session: Session, celery: Celery, run_ids: Sequence[int] | None = None, limit: int = DISPATCH_BATCH
+) -> DispatchOutcome:
     """Publish undispatched queued runs (those of `run_ids`, or any) and stamp dispatched_at.
 
     All or nothing per call: on a broker error nothing is stamped. The caller commits (that releases
@@ -168,8 +175,9 @@ def _publish_locked(session: Session, celery: Celery, rows: list[tuple[int, str]
     return DispatchOutcome(outbox.stamp_dispatched(session, [run_id for run_id, _ in rows]))
 
 
-def dispatch_pending(session_factory: sessionmaker[Session], celery: Celery,
-                     limit: int = DISPATCH_BATCH) -> DispatchOutcome:
+def dispatch_pending(
+    session_factory: sessionmaker[Session], celery: Celery, limit: int = DISPATCH_BATCH
+) -> DispatchOutcome:
     """One pass of the scheduler's dispatcher: re-publish queued runs whose dispatched_at is NULL."""
     with session_factory() as session:
         outcome = dispatch_runs(session, celery, None, limit)
@@ -179,8 +187,9 @@ def dispatch_pending(session_factory: sessionmaker[Session], celery: Celery,
     return outcome
 
 
-def redispatch_stale(session_factory: sessionmaker[Session], celery: Celery, after_s: float,
-                     limit: int = DISPATCH_BATCH) -> DispatchOutcome:
+def redispatch_stale(
+    session_factory: sessionmaker[Session], celery: Celery, after_s: float, limit: int = DISPATCH_BATCH
+) -> DispatchOutcome:
     """Publish again queued runs whose latest message is older than `after_s` and that no worker claimed:
     the broker may have lost it (a Redis without an append-only file restarted). The stamp resets
     dispatched_at, so a run is published again at most once per `after_s`; a message that was not lost
@@ -193,6 +202,10 @@ def redispatch_stale(session_factory: sessionmaker[Session], celery: Celery, aft
         outcome = _publish_locked(session, celery, rows)
         session.commit()
     if outcome.published:
-        log.warning("re-published %d runs queued for more than %.0f s since their last message (lost by the "
-                    "broker?): %s", len(outcome.published), after_s, outcome.published)
+        log.warning(
+            "re-published %d runs queued for more than %.0f s since their last message (lost by the broker?): %s",
+            len(outcome.published),
+            after_s,
+            outcome.published,
+        )
     return outcome

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from core import procs
-from core.specs import RunResult
-from db import runs as db_runs
-from db.models import Run, utcnow
+import db.runs
+from core.contracts.specs import RunResult
+from db.base import utcnow
+from db.models import Run
+from osutil import procs
 from worker.execution import find_slurm_job, ship_traces, with_db
 from worker.launchers.base import SPEC_FILE, LaunchHandle, read_log_tail, read_result
 from worker.runtime import Runtime
@@ -52,14 +53,17 @@ def _worker_is_dead(worker: str) -> bool:
 
 def expire_dead_owners(rt: Runtime) -> list[int]:
     """End the leases of active runs whose worker ran on this host and is gone (db.runs.expire_leases)."""
-    owned = with_db(rt, lambda s: db_runs.active_runs_on_host(s, rt.host), "reap: runs of this host")
+    owned = with_db(rt, lambda s: db.runs.active_runs_on_host(s, rt.host), "reap: runs of this host")
     dead = [(run_id, worker) for run_id, worker in owned if _worker_is_dead(worker)]
     if not dead:
         return []
-    expired = with_db(rt, lambda s: db_runs.expire_leases(s, dead), "reap: leases of dead workers")
+    expired = with_db(rt, lambda s: db.runs.expire_leases(s, dead), "reap: leases of dead workers")
     if expired:
-        log.warning("runs whose worker is gone from this host (%s): lease ended now: %s",
-                    ", ".join(sorted({w for _, w in dead})), expired)
+        log.warning(
+            "runs whose worker is gone from this host (%s): lease ended now: %s",
+            ", ".join(sorted({w for _, w in dead})),
+            expired,
+        )
     return expired
 
 
@@ -72,19 +76,19 @@ def recover_finished_runs(rt: Runtime) -> list[int]:
     now = utcnow()
 
     recovered = []
-    for run in with_db(rt, db_runs.active_runs_with_dir, "recover: list active runs"):
+    for run in with_db(rt, db.runs.active_runs_with_dir, "recover: list active runs"):
         run_dir = Path(run.run_dir or "")
         if not run_dir.is_dir() or not _owner_is_dead(run, rt.host, now) or _processes_alive(run_dir):
             continue
         result, _why = read_result(run_dir)
         if result is None:
             continue
-        tail, size = read_log_tail(run_dir, db_runs.LOG_STORE_MAX_BYTES)
+        tail, size = read_log_tail(run_dir, db.runs.LOG_STORE_MAX_BYTES)
         ship_traces(rt, run.id, run_dir)
 
         def record(s: Session, r: RunResult = result, i: int = run.id, t: bytes = tail, n: int = size) -> bool:
-            db_runs.store_log(s, i, t, n, final=True)
-            return db_runs.record_result(s, i, r)
+            db.runs.store_log(s, i, t, n, final=True)
+            return db.runs.record_result(s, i, r)
 
         if with_db(rt, record, f"recover run {run.id}"):
             log.warning("run %d: recorded from %s (its worker was gone)", run.id, run_dir / "result.json")
@@ -96,7 +100,7 @@ def requeue_detached_runs(rt: Runtime, now: datetime | None = None) -> list[int]
     """Expired runs that have a Slurm job to re-attach to -> queued (db.runs.requeue_detached). Returns their ids."""
     now = now or utcnow()
     run_ids = []
-    expired = with_db(rt, lambda s: db_runs.expired_active_runs(s, now), "reap: expired runs")
+    expired = with_db(rt, lambda s: db.runs.expired_active_runs(s, now), "reap: expired runs")
     for run_id, cluster_name, run_dir, created_at, attempts in expired:
         cluster = rt.clusters.get(cluster_name)
         if cluster is None or cluster.launcher != "slurm":
@@ -111,14 +115,14 @@ def requeue_detached_runs(rt: Runtime, now: datetime | None = None) -> list[int]
             run_ids.append(run_id)
     if not run_ids:
         return []
-    return with_db(rt, lambda s: db_runs.requeue_detached(s, run_ids, now), "reap: requeue detached runs")
+    return with_db(rt, lambda s: db.runs.requeue_detached(s, run_ids, now), "reap: requeue detached runs")
 
 
 def _end_leftovers(rt: Runtime, run_ids: list[int]) -> None:
     """Processes of reaped runs still alive on this host are ended (the run was given up or requeued)."""
     if not run_ids:
         return
-    dirs = with_db(rt, lambda s: db_runs.run_dirs(s, run_ids), "reap: run dirs")
+    dirs = with_db(rt, lambda s: db.runs.run_dirs(s, run_ids), "reap: run dirs")
     for run_id, run_dir in dirs:
         if not run_dir or not Path(run_dir).is_dir():
             continue
@@ -153,6 +157,6 @@ def reap_once(rt: Runtime) -> dict[str, list[int]]:
     recovered = recover_finished_runs(rt)
     detached = requeue_detached_runs(rt)
     max_attempts = rt.settings.max_infra_retries + 1
-    requeued, failed = with_db(rt, lambda s: db_runs.reap_expired(s, max_attempts=max_attempts), "reap leases")
+    requeued, failed = with_db(rt, lambda s: db.runs.reap_expired(s, max_attempts=max_attempts), "reap leases")
     _end_leftovers(rt, requeued + failed)
     return {"recovered": recovered, "reattach": detached, "requeued": requeued, "failed": failed}

@@ -15,7 +15,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clusters import Cluster, load_clusters
+from core.contracts.clusters import Cluster, load_clusters
 from core.settings import Settings
 from db.session import make_engine, make_session_factory
 from worker.launchers.base import Launcher
@@ -69,12 +69,21 @@ def get_runtime(settings: Settings | None = None) -> Runtime:
     if rt is None:
         settings = settings or Settings.from_env()
         engine = make_engine(settings.database_url)
-        rt = Runtime(settings=settings, clusters=load_clusters(settings.clusters_file), engine=engine,
-                     session_factory=make_session_factory(engine), pid=pid)
+        rt = Runtime(
+            settings=settings,
+            clusters=load_clusters(settings.clusters_file),
+            engine=engine,
+            session_factory=make_session_factory(engine),
+            pid=pid,
+        )
         _RUNTIMES.clear()  # a parent's runtime is not ours (forked): drop it without disposing its pool
         _RUNTIMES[pid] = rt
-        log.info("worker runtime: pid %d, database %s, clusters %s", pid,
-                 engine.url.render_as_string(hide_password=True), ", ".join(sorted(rt.clusters)))
+        log.info(
+            "worker runtime: pid %d, database %s, clusters %s",
+            pid,
+            engine.url.render_as_string(hide_password=True),
+            ", ".join(sorted(rt.clusters)),
+        )
     return rt
 
 

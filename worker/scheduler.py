@@ -42,12 +42,21 @@ class Pass:
 def passes(reap_interval_s: float, dispatch_interval_s: float, nightly_interval_s: float) -> list[Pass]:
     rt = get_runtime()
     celery = make_celery(rt.settings)
-    return [Pass("reaper", reap_interval_s, lambda: reap_once(rt)),
-            Pass("dispatcher", dispatch_interval_s,
-                 lambda: _dispatch(rt.session_factory, celery, rt.settings.redispatch_after_s)),
-            Pass("nightly", nightly_interval_s,
-                 lambda: nightly_tick(rt.session_factory, celery, rt.clusters,
-                                      webhook_allow_private=rt.settings.webhook_allow_private))]
+    return [
+        Pass("reaper", reap_interval_s, lambda: reap_once(rt)),
+        Pass(
+            "dispatcher",
+            dispatch_interval_s,
+            lambda: _dispatch(rt.session_factory, celery, rt.settings.redispatch_after_s),
+        ),
+        Pass(
+            "nightly",
+            nightly_interval_s,
+            lambda: nightly_tick(
+                rt.session_factory, celery, rt.clusters, webhook_allow_private=rt.settings.webhook_allow_private
+            ),
+        ),
+    ]
 
 
 def _dispatch(session_factory, celery, redispatch_after_s: float) -> None:

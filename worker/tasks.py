@@ -24,9 +24,15 @@ log = logging.getLogger(__name__)
 CLAIM_RETRY_BACKOFF_MAX_S = 60
 
 
-@shared_task(name=TASK_EXECUTE_RUN, bind=True, acks_late=True,
-             autoretry_for=(sa.exc.OperationalError, sa.exc.InterfaceError),  # database down at claim time
-             retry_backoff=True, retry_backoff_max=CLAIM_RETRY_BACKOFF_MAX_S, max_retries=None)
+@shared_task(
+    name=TASK_EXECUTE_RUN,
+    bind=True,
+    acks_late=True,
+    autoretry_for=(sa.exc.OperationalError, sa.exc.InterfaceError),  # database down at claim time
+    retry_backoff=True,
+    retry_backoff_max=CLAIM_RETRY_BACKOFF_MAX_S,
+    max_retries=None,
+)
 def execute_run(self, run_id: int) -> str:
     rt = get_runtime()
 

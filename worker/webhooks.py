@@ -15,7 +15,7 @@ socket error's text. Each attempt is claimed first (compare-and-set on next_atte
 POST the same attempt. A webhook disabled meanwhile ends the delivery as failed ("webhook disabled").
 
 Every attempt resolves the URL's host, checks every address and connects to the checked one
-(core.webhook_targets.pin: public addresses only unless SCALEBENCH_WEBHOOK_ALLOW_PRIVATE=1; no proxy from
+(core.contracts.webhook_targets.pin: public addresses only unless SCALEBENCH_WEBHOOK_ALLOW_PRIVATE=1; no proxy from
 the environment, no redirects followed).
 """
 
@@ -33,10 +33,11 @@ from urllib.parse import urlsplit
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.webhook_targets import Resolver, TargetRefused, pin, system_resolve
-from db import webhooks as q
-from db.models import utcnow
-from db.models_nightly import Webhook, WebhookDelivery
+import db.webhooks
+from core.contracts.webhook_targets import Resolver, TargetRefused, pin
+from db.base import utcnow
+from db.models import Webhook, WebhookDelivery
+from osutil.dns import system_resolve
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 6
@@ -70,16 +71,26 @@ class AttemptOutcome:
 
 def _request(d: WebhookDelivery, hook: Webhook, now: datetime) -> tuple[bytes, dict[str, str]]:
     stamp = int(now.timestamp())
-    body = json.dumps({**d.payload, "delivery_id": d.id, "attempt": d.attempt, "timestamp": stamp},
-                      sort_keys=True, separators=(",", ":"), default=str).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "scalebench-webhooks/0.1",
-               SIGNATURE_HEADER: sign(hook.secret, body), TIMESTAMP_HEADER: str(stamp),
-               "X-Scalebench-Event": d.event, "X-Scalebench-Delivery": str(d.id)}
+    body = json.dumps(
+        {**d.payload, "delivery_id": d.id, "attempt": d.attempt, "timestamp": stamp},
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    ).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "scalebench-webhooks/0.1",
+        SIGNATURE_HEADER: sign(hook.secret, body),
+        TIMESTAMP_HEADER: str(stamp),
+        "X-Scalebench-Event": d.event,
+        "X-Scalebench-Delivery": str(d.id),
+    }
     return body, headers
 
 
-def _post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], *, allow_private: bool,
-          resolve: Resolver) -> tuple[int | None, str | None]:
+def _post(
+    client: httpx.Client, url: str, body: bytes, headers: dict[str, str], *, allow_private: bool, resolve: Resolver
+) -> tuple[int | None, str | None]:
     """POST to the checked address of `url`; (status code, None) when delivered, else a short status line."""
     try:
         target = pin(url, allow_private=allow_private, resolve=resolve)
@@ -87,8 +98,9 @@ def _post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], 
         return None, f"refused: {exc.reason}"[:MAX_ERROR_CHARS]
     extensions = {"sni_hostname": target.sni_hostname} if target.sni_hostname else {}
     try:
-        response = client.post(target.connect_url, content=body, headers={**headers, "Host": target.host_header},
-                               extensions=extensions)
+        response = client.post(
+            target.connect_url, content=body, headers={**headers, "Host": target.host_header}, extensions=extensions
+        )
     except httpx.HTTPError as exc:
         return None, type(exc).__name__  # the class only: the text of a socket error says what listens there
     if 200 <= response.status_code < 300:
@@ -101,12 +113,20 @@ def make_client() -> httpx.Client:
     return httpx.Client(timeout=TIMEOUT_S, follow_redirects=False, trust_env=False)
 
 
-def attempt_delivery(session_factory: sessionmaker[Session], client: httpx.Client, delivery_id: int,
-                     seen_next_attempt_at: datetime, now: datetime, max_attempts: int = MAX_ATTEMPTS, *,
-                     allow_private: bool = False, resolve: Resolver = system_resolve) -> AttemptOutcome | None:
+def attempt_delivery(
+    session_factory: sessionmaker[Session],
+    client: httpx.Client,
+    delivery_id: int,
+    seen_next_attempt_at: datetime,
+    now: datetime,
+    max_attempts: int = MAX_ATTEMPTS,
+    *,
+    allow_private: bool = False,
+    resolve: Resolver = system_resolve,
+) -> AttemptOutcome | None:
     """Claim, POST (outside any transaction), record. None when another sender claimed it first."""
     with session_factory() as s:
-        if not q.claim_delivery(s, delivery_id, seen_next_attempt_at, now, CLAIM_LEASE_S):
+        if not db.webhooks.claim_delivery(s, delivery_id, seen_next_attempt_at, now, CLAIM_LEASE_S):
             return None
         s.commit()
         d = s.get(WebhookDelivery, delivery_id)
@@ -125,31 +145,54 @@ def attempt_delivery(session_factory: sessionmaker[Session], client: httpx.Clien
     gave_up = not delivered and (attempt >= max_attempts or not enabled)
     retry_at = None if delivered or gave_up else now + timedelta(seconds=backoff_s(attempt))
     with session_factory() as s:
-        q.record_attempt(s, delivery_id, now=now, status_code=status_code, error=error, duration_ms=duration_ms,
-                         delivered=delivered, retry_at=retry_at)
+        db.webhooks.record_attempt(
+            s,
+            delivery_id,
+            now=now,
+            status_code=status_code,
+            error=error,
+            duration_ms=duration_ms,
+            delivered=delivered,
+            retry_at=retry_at,
+        )
         s.commit()
     if not delivered:
-        (log.error if gave_up else log.warning)("webhook delivery %d to %s, attempt %d: %s%s", delivery_id,
-                                                urlsplit(url).hostname, attempt, error,
-                                                " (giving up)" if gave_up else "")
+        (log.error if gave_up else log.warning)(
+            "webhook delivery %d to %s, attempt %d: %s%s",
+            delivery_id,
+            urlsplit(url).hostname,
+            attempt,
+            error,
+            " (giving up)" if gave_up else "",
+        )
     return AttemptOutcome(delivery_id, attempt, status_code, error, delivered, gave_up)
 
 
-def deliver_due(session_factory: sessionmaker[Session], now: datetime | None = None,
-                client: httpx.Client | None = None, max_attempts: int = MAX_ATTEMPTS, *, allow_private: bool = False,
-                resolve: Resolver = system_resolve) -> list[AttemptOutcome]:
+def deliver_due(
+    session_factory: sessionmaker[Session],
+    now: datetime | None = None,
+    client: httpx.Client | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+    *,
+    allow_private: bool = False,
+    resolve: Resolver = system_resolve,
+) -> list[AttemptOutcome]:
     """One pass: attempt every delivery due at `now`. allow_private: the operator allows receivers on private
     networks (SCALEBENCH_WEBHOOK_ALLOW_PRIVATE); resolve: host -> addresses (the system resolver)."""
     now = now or utcnow()
     with session_factory() as s:
-        due = q.due_deliveries(s, now)
+        due = db.webhooks.due_deliveries(s, now)
     if not due:
         return []
     own = client is None
     client = client or make_client()
     try:
-        outcomes = [attempt_delivery(session_factory, client, i, seen, now, max_attempts, allow_private=allow_private,
-                                     resolve=resolve) for i, seen in due]
+        outcomes = [
+            attempt_delivery(
+                session_factory, client, i, seen, now, max_attempts, allow_private=allow_private, resolve=resolve
+            )
+            for i, seen in due
+        ]
     finally:
         if own:
             client.close()

@@ -3,19 +3,15 @@
 Every endpoint answers If-None-Match with 304 from a one-query fingerprint, before loading any run.
 A full answer is kept in a small per-process LRU keyed by its ETag (which names the fingerprint, the path
 and the query), so a second dashboard asking for an unchanged report gets the stored bytes instead of a
-rebuild. A rebuild reads one aggregated row per (series, N) from the database (db.analysis.
+rebuild. A rebuild reads one aggregated row per (series, N) from the database (db.points.
 load_scaling_points), not one per run; the summary medians are aggregated again only for points whose
 succeeded runs changed (kept per process, keyed by each point's fingerprint), and only series whose
-measured points changed are refitted (core.scaling keeps fits keyed by those points). So one finished run
+measured points changed are refitted (core.analysis.scaling keeps fits keyed by those points). So one finished run
 costs one point's aggregation and one series' fits. SCALEBENCH_REPORT_CACHE=0 turns the answer cache off.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, MutableMapping
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
@@ -23,101 +19,56 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
+import db.points
 from api import etag
+from api.caches import AnswerCache, LruDict
 from api.compare import CompareExperiment, CompareRead, compare
 from api.deps import NOT_MODIFIED, ExperimentId, ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
-from core.clusters import Cluster
-from core.scaling import ScalingReport, build_report_from_points, to_csv
-from db import analysis as aq
-from db.analysis import LossCurve
+from core.analysis.scaling import ScalingReport, build_report_from_points, to_csv
+from core.contracts.clusters import Cluster
 from db.models import Experiment
+from db.points import LossCurve
 
 router = APIRouter(tags=["analysis"])
-Baseline = Annotated[int | None, Query(ge=1, le=65536, description=(
-    "N0 for scaling efficiency E(N) = X(N) / (X(N0) N / N0), e.g. 8 for one node; "
-    "default: each series' smallest measured N."))]
-FullSize = Annotated[int | None, Query(ge=1, le=1 << 20, description=(
-    "N at which Amdahl/USL fits predict X and E (labelled extrapolation beyond the measured range); "
-    "default: the cluster's max devices."))]
+Baseline = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=65536,
+        description=(
+            "N0 for scaling efficiency E(N) = X(N) / (X(N0) N / N0), e.g. 8 for one node; "
+            "default: each series' smallest measured N."
+        ),
+    ),
+]
+FullSize = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=1 << 20,
+        description=(
+            "N at which Amdahl/USL fits predict X and E (labelled extrapolation beyond the measured range); "
+            "default: the cluster's max devices."
+        ),
+    ),
+]
 MAX_COMPARE = 8
-REPORT_CACHE_SIZE = int(os.environ.get("SCALEBENCH_REPORT_CACHE", "64"))  # entries per process; 0: off
-POINT_CACHE_SIZE = 100_000  # (series, N) points per process, ~300 bytes each
 
 
-class _AnswerCache:
-    """ETag -> (media type, body): a thread-safe LRU. An ETag changes whenever its answer can, so entries
-    never go stale; they only age out."""
-
-    def __init__(self, size: int):
-        self.size, self._lock, self._items = size, threading.Lock(), OrderedDict[str, tuple[str, bytes]]()
-
-    def answer(self, headers: dict[str, str], build: Callable[[], tuple[str, bytes]]) -> Response:
-        key = headers.get("ETag")
-        hit = None
-        if key and self.size:
-            with self._lock:
-                hit = self._items.get(key)
-                if hit:
-                    self._items.move_to_end(key)
-        media_type, body = hit or build()
-        if key and self.size and not hit:
-            with self._lock:
-                self._items[key] = (media_type, body)
-                while len(self._items) > self.size:
-                    self._items.popitem(last=False)
-        return Response(body, media_type=media_type, headers=headers)
+def _point_values(request: Request) -> LruDict:
+    """The app's cache of aggregated point values (api.caches)."""
+    return request.app.state.caches.point_values
 
 
-class _LruDict(MutableMapping):
-    """A bounded, thread-safe mapping (least recently used out): db.analysis keeps each scaling point's
-    aggregated values in it, keyed by the point's own fingerprint, so entries never go stale either."""
-
-    def __init__(self, size: int):
-        self.size, self._lock, self._items = size, threading.Lock(), OrderedDict()
-
-    def __getitem__(self, key: Any) -> Any:
-        with self._lock:
-            value = self._items[key]
-            self._items.move_to_end(key)
-            return value
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def __delitem__(self, key: Any) -> None:
-        with self._lock:
-            del self._items[key]
-
-    def __iter__(self):
-        with self._lock:
-            return iter(list(self._items))
-
-    def __len__(self) -> int:
-        return len(self._items)
+def _cache(request: Request) -> AnswerCache:
+    """The app's cache of whole answers by ETag (api.caches)."""
+    return request.app.state.caches.answers
 
 
-def _point_values(request: Request) -> _LruDict:
-    """The app's cache of aggregated point values (one per app and process; created on first use)."""
-    cache = getattr(request.app.state, "point_values", None)
-    if cache is None:
-        cache = request.app.state.point_values = _LruDict(POINT_CACHE_SIZE)
-    return cache
-
-
-def _cache(request: Request) -> _AnswerCache:
-    """The app's cache (one per app and process; created on first use, a benign race)."""
-    cache = getattr(request.app.state, "analysis_cache", None)
-    if cache is None:
-        cache = request.app.state.analysis_cache = _AnswerCache(REPORT_CACHE_SIZE)
-    return cache
-
-
-def _fresh(request: Request, session: Session, experiment_id: int,
-           load: bool = True) -> tuple[dict, Response | None, Experiment | None]:
+def _fresh(
+    request: Request, session: Session, experiment_id: int, load: bool = True
+) -> tuple[dict, Response | None, Experiment | None]:
     """(ETag headers, a 304 when the client's copy is current, else the experiment or a 404 problem).
     The ETag is checked first: a poll of an unchanged experiment costs one small query. With load=False the
     experiment row is not read when an ETag exists (there is one only for an existing experiment), so that an
@@ -136,23 +87,35 @@ def _full_sizes(clusters: dict[str, Cluster], full_size: int | None, names: set[
     return {n: clusters[n].max_devices for n in names if n in clusters}
 
 
-def _report(request: Request, session: Session, experiment_id: int, baseline: int | None,
-            full_size: int | None) -> ScalingReport:
-    points = aq.load_scaling_points(session, experiment_id, _point_values(request))
-    run_losses = aq.load_run_losses(session, experiment_id)  # the fp8 loss verdicts' curves
+def _report(
+    request: Request, session: Session, experiment_id: int, baseline: int | None, full_size: int | None
+) -> ScalingReport:
+    points = db.points.load_scaling_points(session, experiment_id, _point_values(request))
+    run_losses = db.points.load_run_losses(session, experiment_id)  # the fp8 loss verdicts' curves
     session.close()  # hand the connection back before the CPU-bound build (loaded rows stay usable)
     sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points})
-    return build_report_from_points(points, baseline_num_devices=baseline, full_size_by_cluster=sizes,
-                                    run_losses=run_losses)
+    return build_report_from_points(
+        points, baseline_num_devices=baseline, full_size_by_cluster=sizes, run_losses=run_losses
+    )
 
 
-@router.get("/experiments/{experiment_id}/scaling", response_model=ScalingReport,
-            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED,
-                       200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv"}},
-            summary="Scaling curves: X(N), E(N), fp8 speedup, MFU, memory, Amdahl/USL fits (JSON or CSV)")
+@router.get(
+    "/experiments/{experiment_id}/scaling",
+    response_model=ScalingReport,
+    responses={
+        **PROBLEM_RESPONSES,
+        **NOT_MODIFIED,
+        200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv"},
+    },
+    summary="Scaling curves: X(N), E(N), fp8 speedup, MFU, memory, Amdahl/USL fits (JSON or CSV)",
+)
 def get_scaling(
-    experiment_id: ExperimentId, request: Request, session: SessionDep, _auth: ReadAuth,
-    baseline_num_devices: Baseline = None, full_size: FullSize = None,
+    experiment_id: ExperimentId,
+    request: Request,
+    session: SessionDep,
+    _auth: ReadAuth,
+    baseline_num_devices: Baseline = None,
+    full_size: FullSize = None,
     format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
 ) -> Any:
     headers, unchanged, _ = _fresh(request, session, experiment_id, load=False)
@@ -170,9 +133,12 @@ def get_scaling(
     return _cache(request).answer(headers, build)
 
 
-@router.get("/experiments/{experiment_id}/scaling.png", response_class=Response,
-            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED, 200: {"content": {"image/png": {}}}},
-            summary="Scaling curves as a PNG: throughput with the ideal line, efficiency, fp8 speedup")
+@router.get(
+    "/experiments/{experiment_id}/scaling.png",
+    response_class=Response,
+    responses={**PROBLEM_RESPONSES, **NOT_MODIFIED, 200: {"content": {"image/png": {}}}},
+    summary="Scaling curves as a PNG: throughput with the ideal line, efficiency, fp8 speedup",
+)
 def get_scaling_png(
     experiment_id: ExperimentId,
     request: Request,
@@ -197,10 +163,13 @@ def get_scaling_png(
 class LossesRead(BaseModel):
     experiment_id: int
     max_points: int = Field(description="Each curve holds at most this many points (first and last kept).")
-    downsampling: str = Field(aq.DOWNSAMPLING, description="How the curves were thinned.")
-    curves: list[LossCurve] = Field(description=(
-        "One curve per succeeded run: steps and losses, thinned; source 'store' (the curve stored when the run "
-        "was recorded, stored_stride > 1 when that was already thinned) or 'steps' (thinned from step rows)."))
+    downsampling: str = Field(db.points.DOWNSAMPLING, description="How the curves were thinned.")
+    curves: list[LossCurve] = Field(
+        description=(
+            "One curve per succeeded run: steps and losses, thinned; source 'store' (the curve stored when the run "
+            "was recorded, stored_stride > 1 when that was already thinned) or 'steps' (thinned from step rows)."
+        )
+    )
 
 
 @router.get(
@@ -222,7 +191,7 @@ def get_losses(
         return unchanged
 
     def build() -> tuple[str, bytes]:
-        curves = aq.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
+        curves = db.points.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
         body = LossesRead(experiment_id=experiment_id, max_points=max_points, curves=curves)
         return "application/json", body.model_dump_json().encode()
 
@@ -291,14 +260,18 @@ def get_compare(
         )
 
     def build() -> tuple[str, bytes]:
-        points = aq.load_scaling_points_many(session, ids, _point_values(request))
-        run_losses = aq.load_run_losses_many(session, ids)
+        points = db.points.load_scaling_points_many(session, ids, _point_values(request))
+        run_losses = db.points.load_run_losses_many(session, ids)
         session.close()  # hand the connection back before the CPU-bound builds
         out = []
         for i in ids:
             sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points[i]})
-            report = build_report_from_points(points[i], baseline_num_devices=baseline_num_devices,
-                                              full_size_by_cluster=sizes, run_losses=run_losses[i])
+            report = build_report_from_points(
+                points[i],
+                baseline_num_devices=baseline_num_devices,
+                full_size_by_cluster=sizes,
+                run_losses=run_losses[i],
+            )
             out.append(
                 CompareExperiment(
                     id=i, name=rows[i].name, cluster=rows[i].cluster, source=rows[i].source, report=report

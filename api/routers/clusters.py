@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from api.deps import ClustersDep, ReadAuth
 from api.problems import PROBLEM_RESPONSES
-from api.schemas import ClusterRead, cluster_read
+from api.schemas.experiments import ClusterRead, cluster_read
 
 router = APIRouter(prefix="/clusters", tags=["clusters"])
 

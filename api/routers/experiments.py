@@ -10,11 +10,12 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+import db.experiments
 from api import etag
 from api.deps import CeleryDep, ClustersDep, ExperimentId, ReadAuth, SessionDep, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
-from api.schemas import (
+from api.schemas.experiments import (
     CancelRead,
     ExperimentCreated,
     ExperimentPage,
@@ -27,10 +28,9 @@ from api.schemas import (
     experiment_read,
     skipped_read,
 )
-from core.clusters import Cluster
-from core.matrix import MatrixError, SkippedPoint, expand
-from core.specs import ExperimentSpec, RunSpec
-from db import experiments as q
+from core.contracts.clusters import Cluster
+from core.contracts.matrix import MatrixError, SkippedPoint, expand
+from core.contracts.specs import ExperimentSpec, RunSpec
 from db.experiments import ExperimentStatus
 from db.models import RUN_STATUSES, Experiment
 from worker.queue import dispatch_runs
@@ -45,8 +45,11 @@ BROKER_DOWN_NOTE = "runs stay queued; the dispatcher publishes them when the bro
 
 def _cluster(spec: ExperimentSpec, clusters: dict[str, Cluster]) -> Cluster:
     if spec.cluster not in clusters:
-        raise ProblemError(422, f"unknown cluster {spec.cluster!r}", [FieldError(
-            field="cluster", message=f"unknown cluster {spec.cluster!r}", allowed=sorted(clusters))])
+        raise ProblemError(
+            422,
+            f"unknown cluster {spec.cluster!r}",
+            [FieldError(field="cluster", message=f"unknown cluster {spec.cluster!r}", allowed=sorted(clusters))],
+        )
     return clusters[spec.cluster]
 
 
@@ -54,15 +57,22 @@ def _expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list
     try:
         runs, skipped = expand(spec, cluster)
     except MatrixError as exc:
-        errors = [FieldError(field="engines" if p.engine != "scalebench" and _engine_refused(p.reason) else "matrix",
-                             message=f"{p.engine}/{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}")
-                  for p in exc.skipped]
-        raise ProblemError(422, "the matrix has no valid point", errors,
-                           skipped=[s.model_dump() for s in skipped_read(exc.skipped)]) from exc
+        errors = [
+            FieldError(
+                field="engines" if p.engine != "scalebench" and _engine_refused(p.reason) else "matrix",
+                message=f"{p.engine}/{p.precision}/{p.layout}/N={p.num_devices}: {p.reason}",
+            )
+            for p in exc.skipped
+        ]
+        raise ProblemError(
+            422, "the matrix has no valid point", errors, skipped=[s.model_dump() for s in skipped_read(exc.skipped)]
+        ) from exc
     if len(runs) > MAX_RUNS_PER_EXPERIMENT:
-        raise ProblemError(422, f"the matrix expands to {len(runs)} runs; the limit is {MAX_RUNS_PER_EXPERIMENT}",
-                           [FieldError(field="matrix", message="reduce gpu_counts, precisions, layouts, engines, "
-                                                               "seeds or repeats")])
+        raise ProblemError(
+            422,
+            f"the matrix expands to {len(runs)} runs; the limit is {MAX_RUNS_PER_EXPERIMENT}",
+            [FieldError(field="matrix", message="reduce gpu_counts, precisions, layouts, engines, seeds or repeats")],
+        )
     return runs, skipped
 
 
@@ -85,21 +95,31 @@ def _skipped_again(exp: Experiment, clusters: dict[str, Cluster]) -> list[Skippe
         return []
 
 
-def _replay(session: Session, exp: Experiment, request_hash: str, clusters: dict[str, Cluster],
-            response: Response) -> dict[str, Any]:
+def _replay(
+    session: Session, exp: Experiment, request_hash: str, clusters: dict[str, Cluster], response: Response
+) -> dict[str, Any]:
     """The stored answer for a repeated Idempotency-Key, or 409 when the body differs."""
     if exp.request_hash != request_hash:
-        raise ProblemError(409, "Idempotency-Key was already used with another request body", [FieldError(
-            field="header.Idempotency-Key", message=f"already used for experiment {exp.id} with another body")])
-    runs = q.list_runs(session, exp.id, limit=MAX_RUNS_PER_EXPERIMENT)
+        raise ProblemError(
+            409,
+            "Idempotency-Key was already used with another request body",
+            [
+                FieldError(
+                    field="header.Idempotency-Key", message=f"already used for experiment {exp.id} with another body"
+                )
+            ],
+        )
+    runs = db.experiments.list_runs(session, exp.id, limit=MAX_RUNS_PER_EXPERIMENT)
     skipped = _skipped_again(exp, clusters)
     undispatched = [r.id for r in runs if r.status == "queued" and r.dispatched_at is None]
     response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/experiments/{exp.id}"
-    return experiment_read(exp, q.experiment_status(session, exp.id)) | {
+    return experiment_read(exp, db.experiments.experiment_status(session, exp.id)) | {
         "runs": [RunBrief.model_validate(r, from_attributes=True) for r in runs],
-        "skipped": skipped_read(skipped), "dispatched": not undispatched,
-        "dispatch_message": f"{len(undispatched)} runs not yet published; {BROKER_DOWN_NOTE}" if undispatched else None}
+        "skipped": skipped_read(skipped),
+        "dispatched": not undispatched,
+        "dispatch_message": f"{len(undispatched)} runs not yet published; {BROKER_DOWN_NOTE}" if undispatched else None,
+    }
 
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
@@ -115,24 +135,42 @@ def _idempotency_key(raw: str | None) -> str | None:
     except UnicodeError:
         key = None
     if key is None or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
-        message = (f"must be UTF-8 text of at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"
-                   + (f" ({len(key)} were sent)" if key is not None else " (it is not valid UTF-8)"))
-        raise ProblemError(422, f"Idempotency-Key {message}", [FieldError(field="header.Idempotency-Key",
-                                                                          message=message)])
+        message = f"must be UTF-8 text of at most {MAX_IDEMPOTENCY_KEY_CHARS} characters" + (
+            f" ({len(key)} were sent)" if key is not None else " (it is not valid UTF-8)"
+        )
+        raise ProblemError(
+            422, f"Idempotency-Key {message}", [FieldError(field="header.Idempotency-Key", message=message)]
+        )
     return key
 
 
-@router.post("", status_code=201, response_model=ExperimentCreated,
-             responses={**WRITE_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
-             summary="Create an experiment: expand the matrix into runs and enqueue them")
+@router.post(
+    "",
+    status_code=201,
+    response_model=ExperimentCreated,
+    responses={**WRITE_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
+    summary="Create an experiment: expand the matrix into runs and enqueue them",
+)
 def create_experiment(
-    spec: Annotated[ExperimentSpec, Body(openapi_examples={"llama3-8b": {"summary": "8B fsdp fp8 scaling",
-                                                                          "value": EXAMPLE}})],
-    session: SessionDep, celery: CeleryDep, clusters: ClustersDep, _auth: WriteAuth, response: Response,
-    idempotency_key: Annotated[str | None, Header(
-        alias="Idempotency-Key", min_length=1, max_length=4 * MAX_IDEMPOTENCY_KEY_CHARS, pattern=NO_CONTROL_CHARS,
-        description=f"Repeat-safe creation: the same key and body return the same experiment; the same key with "
-                    f"another body is a 409. UTF-8, at most {MAX_IDEMPOTENCY_KEY_CHARS} characters.")] = None,
+    spec: Annotated[
+        ExperimentSpec, Body(openapi_examples={"llama3-8b": {"summary": "8B fsdp fp8 scaling", "value": EXAMPLE}})
+    ],
+    session: SessionDep,
+    celery: CeleryDep,
+    clusters: ClustersDep,
+    _auth: WriteAuth,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=4 * MAX_IDEMPOTENCY_KEY_CHARS,
+            pattern=NO_CONTROL_CHARS,
+            description=f"Repeat-safe creation: the same key and body return the same experiment; the same key with "
+            f"another body is a 409. UTF-8, at most {MAX_IDEMPOTENCY_KEY_CHARS} characters.",
+        ),
+    ] = None,
 ) -> Any:
     """Expands engine x precision x layout x N x seed x repeat into runs (points that cannot exist are skipped, with
     reasons), stores the experiment and its runs, commits, then publishes one message per run on the
@@ -141,16 +179,17 @@ def create_experiment(
     idempotency_key = _idempotency_key(idempotency_key)
     cluster = _cluster(spec, clusters)
     request_hash = _request_hash(spec)
-    if idempotency_key and (existing := q.find_by_idempotency_key(session, idempotency_key)):
+    if idempotency_key and (existing := db.experiments.find_by_idempotency_key(session, idempotency_key)):
         return _replay(session, existing, request_hash, clusters, response)
     runs, skipped = _expand(spec, cluster)
     try:
-        exp, run_ids = q.create_experiment(session, spec, runs, cluster.queue_name,
-                                           idempotency_key=idempotency_key, request_hash=request_hash)
+        exp, run_ids = db.experiments.create_experiment(
+            session, spec, runs, cluster.queue_name, idempotency_key=idempotency_key, request_hash=request_hash
+        )
         session.commit()
     except IntegrityError:  # a concurrent request with the same Idempotency-Key won the race
         session.rollback()
-        existing = q.find_by_idempotency_key(session, idempotency_key) if idempotency_key else None
+        existing = db.experiments.find_by_idempotency_key(session, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
         return _replay(session, existing, request_hash, clusters, response)
@@ -158,17 +197,34 @@ def create_experiment(
     session.commit()
     response.headers["Location"] = f"/experiments/{exp.id}"
     counts = {s: 0 for s in RUN_STATUSES} | {"queued": len(run_ids)}
-    briefs = [RunBrief(id=i, run_key=r.run_key(), engine=r.engine, precision=r.precision, layout=r.layout,
-                       num_devices=r.num_devices, seed=r.seed, repeat=r.repeat, status="queued")
-              for i, r in zip(run_ids, runs)]
+    briefs = [
+        RunBrief(
+            id=i,
+            run_key=r.run_key(),
+            engine=r.engine,
+            precision=r.precision,
+            layout=r.layout,
+            num_devices=r.num_devices,
+            seed=r.seed,
+            repeat=r.repeat,
+            status="queued",
+        )
+        for i, r in zip(run_ids, runs)
+    ]
     message = None if outcome.ok else f"{outcome.error}; {len(run_ids) - len(outcome.published)} {BROKER_DOWN_NOTE}"
     return experiment_read(exp, ExperimentStatus("queued", counts)) | {
-        "runs": briefs, "skipped": skipped_read(skipped), "dispatched": outcome.ok, "dispatch_message": message}
+        "runs": briefs,
+        "skipped": skipped_read(skipped),
+        "dispatched": outcome.ok,
+        "dispatch_message": message,
+    }
 
 
 @router.get("", response_model=ExperimentPage, responses=PROBLEM_RESPONSES, summary="List experiments")
 def list_experiments(
-    session: SessionDep, _auth: ReadAuth, request: Request,
+    session: SessionDep,
+    _auth: ReadAuth,
+    request: Request,
     limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
     cursor: Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")] = None,
     status: Annotated[ExperimentStatusName | None, Query(description="Derived experiment status.")] = None,
@@ -176,12 +232,19 @@ def list_experiments(
     cluster: Annotated[str | None, Query(min_length=1, max_length=100, pattern=NO_CONTROL_CHARS)] = None,
 ) -> Any:
     """Newest first, keyset-paginated; filters combine with AND."""
-    rows = q.list_experiments(session, limit=limit, before_id=decode_cursor(cursor), status=status, tag=tag,
-                              cluster=cluster)
+    rows = db.experiments.list_experiments(
+        session, limit=limit, before_id=decode_cursor(cursor), status=status, tag=tag, cluster=cluster
+    )
     page, more = rows[:limit], len(rows) > limit
-    statuses = q.statuses_for(session, [e.id for e in page])
-    body = ExperimentPage(items=[experiment_brief(e, statuses[e.id]) for e in page],
-                          next_cursor=encode_cursor(page[-1].id) if more else None).model_dump_json().encode()
+    statuses = db.experiments.statuses_for(session, [e.id for e in page])
+    body = (
+        ExperimentPage(
+            items=[experiment_brief(e, statuses[e.id]) for e in page],
+            next_cursor=encode_cursor(page[-1].id) if more else None,
+        )
+        .model_dump_json()
+        .encode()
+    )
     page_etag = etag.body_etag(request, body)  # the dashboard polls this list: unchanged pages answer 304
     if etag.matches(request, page_etag):
         return etag.not_modified(page_etag)
@@ -189,27 +252,39 @@ def list_experiments(
 
 
 def _get_or_404(session: Session, experiment_id: int) -> Experiment:
-    return found(q.get_experiment(session, experiment_id), "experiment", experiment_id)
+    return found(db.experiments.get_experiment(session, experiment_id), "experiment", experiment_id)
 
 
-@router.get("/{experiment_id}", response_model=ExperimentRead, responses=PROBLEM_RESPONSES,
-            summary="An experiment: spec, status derived from its runs, counts per status, progress")
-def get_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth, request: Request,
-                   response: Response) -> Any:
+@router.get(
+    "/{experiment_id}",
+    response_model=ExperimentRead,
+    responses=PROBLEM_RESPONSES,
+    summary="An experiment: spec, status derived from its runs, counts per status, progress",
+)
+def get_experiment(
+    experiment_id: ExperimentId, session: SessionDep, _auth: ReadAuth, request: Request, response: Response
+) -> Any:
     headers, unchanged = etag.check(request, session, [experiment_id])  # polls: 304 from one small query
     if unchanged:
         return unchanged
     response.headers.update(headers)
     # experiment + run counts: one round trip
-    return experiment_read(*found(q.experiment_with_status(session, experiment_id), "experiment", experiment_id))
+    return experiment_read(
+        *found(db.experiments.experiment_with_status(session, experiment_id), "experiment", experiment_id)
+    )
 
 
-@router.post("/{experiment_id}/cancel", response_model=CancelRead, responses=WRITE_RESPONSES,
-             summary="Cancel: queued runs become cancelled; running runs are marked for their worker")
+@router.post(
+    "/{experiment_id}/cancel",
+    response_model=CancelRead,
+    responses=WRITE_RESPONSES,
+    summary="Cancel: queued runs become cancelled; running runs are marked for their worker",
+)
 def cancel_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: WriteAuth) -> CancelRead:
     _get_or_404(session, experiment_id)
-    num_cancelled, num_marked = q.cancel_experiment(session, experiment_id)
+    num_cancelled, num_marked = db.experiments.cancel_experiment(session, experiment_id)
     session.commit()
-    status = q.experiment_status(session, experiment_id).status
-    return CancelRead(experiment_id=experiment_id, num_cancelled=num_cancelled, num_cancel_requested=num_marked,
-                      status=status)  # type: ignore[arg-type]
+    status = db.experiments.experiment_status(session, experiment_id).status
+    return CancelRead(
+        experiment_id=experiment_id, num_cancelled=num_cancelled, num_cancel_requested=num_marked, status=status
+    )  # type: ignore[arg-type]

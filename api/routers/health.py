@@ -26,9 +26,17 @@ def _database_error(request: Request) -> str | None:
         return f"database unreachable: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
 
 
-@router.get("/readyz", summary="Readiness: database and broker reachable",
-            responses={503: {"model": Problem, "description": "Not ready; errors name the failing component",
-                             "content": {PROBLEM_TYPE: {}}}})
+@router.get(
+    "/readyz",
+    summary="Readiness: database and broker reachable",
+    responses={
+        503: {
+            "model": Problem,
+            "description": "Not ready; errors name the failing component",
+            "content": {PROBLEM_TYPE: {}},
+        }
+    },
+)
 def readyz(request: Request, celery: CeleryDep) -> dict[str, str]:
     failures = {"database": _database_error(request), "broker": broker_error(celery)}
     errors = [FieldError(field=name, message=msg) for name, msg in failures.items() if msg]

@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import ReadAuth
-from db.models import ACTIVE_STATUSES, RUN_STATUSES, Run, utcnow
+from db.base import utcnow
+from db.models import ACTIVE_STATUSES, RUN_STATUSES, Run
 
 router = APIRouter(tags=["metrics"])
 
@@ -44,52 +45,96 @@ class DbCollector(Collector):
             yield self._queue_depth(session)
             yield self._oldest_queued(session)
             yield self._expired_leases(session)
-            yield self._histogram(session, dialect, "scalebench_run_duration_seconds",
-                                  "Wall time of ended runs, started_at to finished_at.", Run.started_at,
-                                  Run.finished_at, RUN_DURATION_BUCKETS_S, ["cluster", "status"],
-                                  [Run.cluster, Run.status], Run.status.in_(("succeeded", "failed", "cancelled")))
-            yield self._histogram(session, dialect, "scalebench_dispatch_latency_seconds",
-                                  "Created (API commit) to published on the broker.", Run.created_at,
-                                  Run.dispatched_at, LATENCY_BUCKETS_S, ["cluster"], [Run.cluster], sa.true())
-            yield self._histogram(session, dialect, "scalebench_queue_wait_seconds",
-                                  "Created to claimed by a worker (started_at of the last attempt).", Run.created_at,
-                                  Run.started_at, LATENCY_BUCKETS_S, ["cluster"], [Run.cluster], sa.true())
+            yield self._histogram(
+                session,
+                dialect,
+                "scalebench_run_duration_seconds",
+                "Wall time of ended runs, started_at to finished_at.",
+                Run.started_at,
+                Run.finished_at,
+                RUN_DURATION_BUCKETS_S,
+                ["cluster", "status"],
+                [Run.cluster, Run.status],
+                Run.status.in_(("succeeded", "failed", "cancelled")),
+            )
+            yield self._histogram(
+                session,
+                dialect,
+                "scalebench_dispatch_latency_seconds",
+                "Created (API commit) to published on the broker.",
+                Run.created_at,
+                Run.dispatched_at,
+                LATENCY_BUCKETS_S,
+                ["cluster"],
+                [Run.cluster],
+                sa.true(),
+            )
+            yield self._histogram(
+                session,
+                dialect,
+                "scalebench_queue_wait_seconds",
+                "Created to claimed by a worker (started_at of the last attempt).",
+                Run.created_at,
+                Run.started_at,
+                LATENCY_BUCKETS_S,
+                ["cluster"],
+                [Run.cluster],
+                sa.true(),
+            )
 
     def _runs(self, session: Session) -> GaugeMetricFamily:
         g = GaugeMetricFamily("scalebench_runs", "Runs by status and cluster.", labels=["status", "cluster"])
-        counts = {(s, c): n for s, c, n in session.execute(
-            sa.select(Run.status, Run.cluster, sa.func.count()).group_by(Run.status, Run.cluster))}
+        counts = {
+            (s, c): n
+            for s, c, n in session.execute(
+                sa.select(Run.status, Run.cluster, sa.func.count()).group_by(Run.status, Run.cluster)
+            )
+        }
         for cluster in sorted({c for _s, c in counts}):
             for status in RUN_STATUSES:  # every status, zeros included, so that rates and alerts see them
                 g.add_metric([status, cluster], counts.get((status, cluster), 0))
         return g
 
     def _queue_depth(self, session: Session) -> GaugeMetricFamily:
-        g = GaugeMetricFamily("scalebench_queue_depth",
-                              "Queued runs by cluster: undispatched (not yet on the broker) and dispatched.",
-                              labels=["cluster", "state"])
+        g = GaugeMetricFamily(
+            "scalebench_queue_depth",
+            "Queued runs by cluster: undispatched (not yet on the broker) and dispatched.",
+            labels=["cluster", "state"],
+        )
         dispatched = sa.case((Run.dispatched_at.is_(None), "undispatched"), else_="dispatched")
-        rows = session.execute(sa.select(Run.cluster, dispatched, sa.func.count())
-                               .where(Run.status == "queued").group_by(Run.cluster, dispatched))
+        rows = session.execute(
+            sa.select(Run.cluster, dispatched, sa.func.count())
+            .where(Run.status == "queued")
+            .group_by(Run.cluster, dispatched)
+        )
         for cluster, state, n in rows:
             g.add_metric([cluster, state], n)
         return g
 
     def _oldest_queued(self, session: Session) -> GaugeMetricFamily:
-        g = GaugeMetricFamily("scalebench_oldest_queued_run_age_seconds", "Age of the oldest queued run.",
-                              labels=["cluster"])
+        g = GaugeMetricFamily(
+            "scalebench_oldest_queued_run_age_seconds", "Age of the oldest queued run.", labels=["cluster"]
+        )
         now = utcnow()
-        for cluster, oldest in session.execute(sa.select(Run.cluster, sa.func.min(Run.created_at))
-                                               .where(Run.status == "queued").group_by(Run.cluster)):
+        for cluster, oldest in session.execute(
+            sa.select(Run.cluster, sa.func.min(Run.created_at)).where(Run.status == "queued").group_by(Run.cluster)
+        ):
             if oldest is not None:  # func.min keeps the column type: an aware UTC datetime
                 g.add_metric([cluster], max(0.0, (now - oldest).total_seconds()))
         return g
 
     def _expired_leases(self, session: Session) -> GaugeMetricFamily:
-        g = GaugeMetricFamily("scalebench_runs_lease_expired",
-                              "Active runs whose worker stopped heartbeating (the reaper requeues or fails them).")
-        g.add_metric([], session.scalar(sa.select(sa.func.count()).where(
-            Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < utcnow())) or 0)
+        g = GaugeMetricFamily(
+            "scalebench_runs_lease_expired",
+            "Active runs whose worker stopped heartbeating (the reaper requeues or fails them).",
+        )
+        g.add_metric(
+            [],
+            session.scalar(
+                sa.select(sa.func.count()).where(Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < utcnow())
+            )
+            or 0,
+        )
         return g
 
     def _histogram(

@@ -1,8 +1,8 @@
 """Projected scaling (X, E, S at device counts not measured) and a training plan for a token budget.
 
-Both read the experiment's measured points (db.analysis), step breakdowns where the runs carry one, and the
+Both read the experiment's measured points (db.points), step breakdowns where the runs carry one, and the
 network of a cluster (its [cluster.network] table; without one, the platform its device implies), then
-model each series with core.projection. Every answer lists the network and assumptions it used.
+model each series with core.projection.model. Every answer lists the network and assumptions it used.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy.orm import Session
 
+import db.breakdowns
+import db.points
 from api import etag
 from api.deps import NOT_MODIFIED, ClustersDep, ExperimentId, ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, found
-from api.projection_schemas import (
+from api.schemas.projection import (
     PlanRead,
     ProjectionRead,
     bad_query,
@@ -23,19 +25,24 @@ from api.projection_schemas import (
     parse_tokens,
     projection_csv,
 )
-from core.clusters import Cluster
-from core.network import default_network
-from core.plan import DEFAULT_MIN_EFFICIENCY, build_plan, plan_counts
-from core.projection import NetworkUsed, project_report
-from core.scaling import build_report
-from db import analysis as aq
-from db import projection as pq
+from core.analysis.scaling import build_report
+from core.contracts.clusters import Cluster
+from core.projection.model import NetworkUsed, project_report
+from core.projection.network import default_network
+from core.projection.plan import DEFAULT_MIN_EFFICIENCY, build_plan, plan_counts
 from db.models import Experiment
 
 router = APIRouter(tags=["analysis"])
-ClusterName = Annotated[str | None, Query(max_length=100, description=(
-    "Configured cluster whose network to project onto (GET /clusters); default: the experiment's own."))]
-NODE_SIZE_ASSUMED = 8  # GPUs per node of every platform in core.network.PLATFORMS
+ClusterName = Annotated[
+    str | None,
+    Query(
+        max_length=100,
+        description=(
+            "Configured cluster whose network to project onto (GET /clusters); default: the experiment's own."
+        ),
+    ),
+]
+NODE_SIZE_ASSUMED = 8  # GPUs per node of every platform in core.projection.network.PLATFORMS
 
 
 def _usable(clusters: dict[str, Cluster]) -> list[str]:
@@ -50,42 +57,77 @@ def _network(session: Session, clusters: dict[str, Cluster], exp: Experiment, na
     cluster = clusters.get(target)
     if cluster is not None and cluster.network is not None:
         net = cluster.network
-        return NetworkUsed(cluster=target, source=f"cluster {target!r} [cluster.network]",
-                           gpus_per_node=cluster.gpus_per_node, max_devices=cluster.max_devices,
-                           inter_node_gb_per_s=net.inter_node_gb_per_s, network=net)
-    device = cluster.device_name if cluster else pq.device_name(session, exp.id)
+        return NetworkUsed(
+            cluster=target,
+            source=f"cluster {target!r} [cluster.network]",
+            gpus_per_node=cluster.gpus_per_node,
+            max_devices=cluster.max_devices,
+            inter_node_gb_per_s=net.inter_node_gb_per_s,
+            network=net,
+        )
+    device = cluster.device_name if cluster else db.breakdowns.device_name(session, exp.id)
     inferred, why = default_network(device or "")
     if inferred is None:
-        raise bad_query("cluster", f"cluster {target!r} describes no network and {why}; name a cluster that "
-                                   "has one or whose device is known", _usable(clusters))
-    return NetworkUsed(cluster=target, source=f"assumed: {why}; cluster {target!r} describes no network",
-                       gpus_per_node=cluster.gpus_per_node if cluster else NODE_SIZE_ASSUMED,
-                       max_devices=cluster.max_devices if cluster else None,
-                       inter_node_gb_per_s=inferred.inter_node_gb_per_s, network=inferred)
+        raise bad_query(
+            "cluster",
+            f"cluster {target!r} describes no network and {why}; name a cluster that has one or whose device is known",
+            _usable(clusters),
+        )
+    return NetworkUsed(
+        cluster=target,
+        source=f"assumed: {why}; cluster {target!r} describes no network",
+        gpus_per_node=cluster.gpus_per_node if cluster else NODE_SIZE_ASSUMED,
+        max_devices=cluster.max_devices if cluster else None,
+        inter_node_gb_per_s=inferred.inter_node_gb_per_s,
+        network=inferred,
+    )
 
 
 def _load(session: Session, clusters: dict[str, Cluster], experiment_id: int, cluster: str | None):
     exp = found(session.get(Experiment, experiment_id), "experiment", experiment_id)
     net = _network(session, clusters, exp, cluster)
     spec = dict(exp.spec)
-    points = aq.load_run_points(session, experiment_id)
-    breakdowns = pq.load_breakdowns(session, experiment_id)
+    points = db.points.load_run_points(session, experiment_id)
+    breakdowns = db.breakdowns.load_breakdowns(session, experiment_id)
     session.close()  # hand the connection back before the CPU-bound model
     return exp, spec, net, build_report(points), breakdowns
 
 
-@router.get("/experiments/{experiment_id}/projection", response_model=ProjectionRead,
-            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED,
-                       200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv"}},
-            summary="Projected X(N), E(N), S(N) per series on a cluster's network, measured points beside them")
+@router.get(
+    "/experiments/{experiment_id}/projection",
+    response_model=ProjectionRead,
+    responses={
+        **PROBLEM_RESPONSES,
+        **NOT_MODIFIED,
+        200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv"},
+    },
+    summary="Projected X(N), E(N), S(N) per series on a cluster's network, measured points beside them",
+)
 def get_projection(
-    experiment_id: ExperimentId, request: Request, session: SessionDep, clusters: ClustersDep, _auth: ReadAuth,
+    experiment_id: ExperimentId,
+    request: Request,
+    session: SessionDep,
+    clusters: ClustersDep,
+    _auth: ReadAuth,
     cluster: ClusterName = None,
-    gpu_counts: Annotated[str | None, Query(max_length=400, description=(
-        "Comma-separated device counts to project, e.g. 8,64,512,1024; the measured counts are always added. "
-        "Default: 8 to 1024 in powers of two."))] = None,
-    calibrate: Annotated[bool, Query(description=(
-        "Fit the inter-node efficiency and device speed spread to the measured points beyond N0 first."))] = False,
+    gpu_counts: Annotated[
+        str | None,
+        Query(
+            max_length=400,
+            description=(
+                "Comma-separated device counts to project, e.g. 8,64,512,1024; the measured counts are always added. "
+                "Default: 8 to 1024 in powers of two."
+            ),
+        ),
+    ] = None,
+    calibrate: Annotated[
+        bool,
+        Query(
+            description=(
+                "Fit the inter-node efficiency and device speed spread to the measured points beyond N0 first."
+            )
+        ),
+    ] = False,
     format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
 ) -> Any:
     counts = parse_gpu_counts(gpu_counts)
@@ -101,17 +143,25 @@ def get_projection(
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)
 
 
-@router.get("/experiments/{experiment_id}/plan", response_model=PlanRead,
-            responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
-            summary="Time and GPU-hours to train a token budget per precision x layout x N; fastest and cheapest")
+@router.get(
+    "/experiments/{experiment_id}/plan",
+    response_model=PlanRead,
+    responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
+    summary="Time and GPU-hours to train a token budget per precision x layout x N; fastest and cheapest",
+)
 def get_plan(
-    experiment_id: ExperimentId, request: Request, session: SessionDep, clusters: ClustersDep, _auth: ReadAuth,
+    experiment_id: ExperimentId,
+    request: Request,
+    session: SessionDep,
+    clusters: ClustersDep,
+    _auth: ReadAuth,
     tokens: Annotated[str, Query(max_length=40, description="Token budget: 1e12, 1T, 500B, ...")],
     max_gpus: Annotated[int, Query(ge=1, le=1 << 20, description="GPU cap of the plan.")],
     cluster: ClusterName = None,
     gpu_hour_cost: Annotated[float | None, Query(ge=0, le=1e6, description="Price of one GPU-hour.")] = None,
-    min_efficiency: Annotated[float, Query(gt=0, le=1, description=(
-        "Efficiency E(N) the cheapest plan must keep (a fraction)."))] = DEFAULT_MIN_EFFICIENCY,
+    min_efficiency: Annotated[
+        float, Query(gt=0, le=1, description=("Efficiency E(N) the cheapest plan must keep (a fraction)."))
+    ] = DEFAULT_MIN_EFFICIENCY,
     calibrate: Annotated[bool, Query(description="Calibrate the projection first (see /projection).")] = False,
 ) -> Any:
     budget = parse_tokens(tokens)
@@ -121,7 +171,8 @@ def get_plan(
     _, spec, net, report, breakdowns = _load(session, clusters, experiment_id, cluster)
     counts = plan_counts((p.num_devices for s in report.series for p in s.points if p.tokens_per_sec), max_gpus)
     projected = project_report(report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate)
-    plan = build_plan(report, projected, tokens=budget, max_gpus=max_gpus, min_efficiency=min_efficiency,
-                      gpu_hour_cost=gpu_hour_cost)
+    plan = build_plan(
+        report, projected, tokens=budget, max_gpus=max_gpus, min_efficiency=min_efficiency, gpu_hour_cost=gpu_hour_cost
+    )
     body = PlanRead(experiment_id=experiment_id, network=net, assumptions=projected.assumptions, **dict(plan))
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)

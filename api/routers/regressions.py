@@ -9,9 +9,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
+import db.regressions
 from api.deps import ReadAuth, SessionDep, WriteAuth
 from api.guard import GuardedRoute
-from api.nightly_schemas import (
+from api.problems import PROBLEM_RESPONSES, found
+from api.schemas.experiments import decode_cursor, encode_cursor
+from api.schemas.nightly import (
     MetricName,
     RegressionDetail,
     RegressionHistory,
@@ -19,11 +22,8 @@ from api.nightly_schemas import (
     RegressionRead,
     RegressionStatus,
 )
-from api.problems import PROBLEM_RESPONSES, found
-from api.schemas import decode_cursor, encode_cursor
-from core.regression import DEFAULT_METRICS, OPEN_STATES
-from db import regression_queries as q
-from db.models_nightly import Regression
+from core.analysis.regression import DEFAULT_METRICS, OPEN_STATES
+from db.models import Regression
 
 router = APIRouter(prefix="/regressions", tags=["regressions"], route_class=GuardedRoute)
 RegressionId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Regression id.")]
@@ -33,17 +33,23 @@ def regression_read(row: Regression, detail: bool = False) -> dict[str, Any]:
     schema = RegressionDetail if detail else RegressionRead
     return schema.model_validate(row).model_dump() | {
         "is_open": row.status in OPEN_STATES and row.resolved_at is None,
-        "likely_cause": (row.env_diff or {}).get("likely_cause", [])}
+        "likely_cause": (row.env_diff or {}).get("likely_cause", []),
+    }
 
 
 def _get_or_404(session: Session, regression_id: int) -> Regression:
-    return found(q.get_regression(session, regression_id), "regression", regression_id)
+    return found(db.regressions.get_regression(session, regression_id), "regression", regression_id)
 
 
-@router.get("", response_model=RegressionPage, responses=PROBLEM_RESPONSES,
-            summary="List regressions, newest first (filters combine with AND)")
+@router.get(
+    "",
+    response_model=RegressionPage,
+    responses=PROBLEM_RESPONSES,
+    summary="List regressions, newest first (filters combine with AND)",
+)
 def list_regressions(
-    session: SessionDep, _auth: ReadAuth,
+    session: SessionDep,
+    _auth: ReadAuth,
     suite: Annotated[int | None, Query(ge=1, description="Suite id.")] = None,
     status: Annotated[RegressionStatus | None, Query()] = None,
     metric: Annotated[MetricName | None, Query()] = None,
@@ -52,41 +58,71 @@ def list_regressions(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
 ) -> RegressionPage:
-    rows = q.list_regressions(session, suite_id=suite, status=status, metric=metric, since=since, open_only=open,
-                              limit=limit, before_id=decode_cursor(cursor))
+    rows = db.regressions.list_regressions(
+        session,
+        suite_id=suite,
+        status=status,
+        metric=metric,
+        since=since,
+        open_only=open,
+        limit=limit,
+        before_id=decode_cursor(cursor),
+    )
     page = rows[:limit]
-    return RegressionPage(items=[regression_read(r) for r in page],  # type: ignore[misc]
-                          next_cursor=encode_cursor(page[-1].id) if len(rows) > limit else None)
+    return RegressionPage(
+        items=[regression_read(r) for r in page],  # type: ignore[misc]
+        next_cursor=encode_cursor(page[-1].id) if len(rows) > limit else None,
+    )
 
 
-@router.get("/{regression_id}", response_model=RegressionDetail, responses=PROBLEM_RESPONSES,
-            summary="A regression with the environment diff (last good vs first bad run) and its events")
+@router.get(
+    "/{regression_id}",
+    response_model=RegressionDetail,
+    responses=PROBLEM_RESPONSES,
+    summary="A regression with the environment diff (last good vs first bad run) and its events",
+)
 def get_regression(regression_id: RegressionId, session: SessionDep, _auth: ReadAuth) -> Any:
     return regression_read(_get_or_404(session, regression_id), detail=True)
 
 
-@router.get("/{regression_id}/history", response_model=RegressionHistory, responses=PROBLEM_RESPONSES,
-            summary="The point's nightly values of this metric, each with the baseline band it was judged by")
-def get_history(regression_id: RegressionId, session: SessionDep, _auth: ReadAuth,
-                limit: Annotated[int, Query(ge=1, le=365)] = 60) -> Any:
+@router.get(
+    "/{regression_id}/history",
+    response_model=RegressionHistory,
+    responses=PROBLEM_RESPONSES,
+    summary="The point's nightly values of this metric, each with the baseline band it was judged by",
+)
+def get_history(
+    regression_id: RegressionId, session: SessionDep, _auth: ReadAuth, limit: Annotated[int, Query(ge=1, le=365)] = 60
+) -> Any:
     row = _get_or_404(session, regression_id)
     config = DEFAULT_METRICS.get(row.metric)
-    return {"regression_id": row.id, "metric": row.metric,
-            "higher_is_better": config.higher_is_better if config else True,
-            "nights": q.series_history(session, row, limit)}
+    return {
+        "regression_id": row.id,
+        "metric": row.metric,
+        "higher_is_better": config.higher_is_better if config else True,
+        "nights": db.regressions.series_history(session, row, limit),
+    }
 
 
-@router.post("/{regression_id}/acknowledge", response_model=RegressionDetail, responses=PROBLEM_RESPONSES,
-             summary="Acknowledge: someone is on it (the regression stays open and tracked)")
+@router.post(
+    "/{regression_id}/acknowledge",
+    response_model=RegressionDetail,
+    responses=PROBLEM_RESPONSES,
+    summary="Acknowledge: someone is on it (the regression stays open and tracked)",
+)
 def acknowledge(regression_id: RegressionId, session: SessionDep, _auth: WriteAuth) -> Any:
-    row = q.acknowledge(session, _get_or_404(session, regression_id))
+    row = db.regressions.acknowledge(session, _get_or_404(session, regression_id))
     session.commit()
     return regression_read(row, detail=True)
 
 
-@router.post("/{regression_id}/resolve", response_model=RegressionDetail, responses=PROBLEM_RESPONSES,
-             summary="Resolve by hand: accept the new level; the point's baseline re-forms from later nights")
+@router.post(
+    "/{regression_id}/resolve",
+    response_model=RegressionDetail,
+    responses=PROBLEM_RESPONSES,
+    summary="Resolve by hand: accept the new level; the point's baseline re-forms from later nights",
+)
 def resolve(regression_id: RegressionId, session: SessionDep, _auth: WriteAuth) -> Any:
-    row = q.resolve(session, _get_or_404(session, regression_id))
+    row = db.regressions.resolve(session, _get_or_404(session, regression_id))
     session.commit()
     return regression_read(row, detail=True)

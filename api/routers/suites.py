@@ -11,52 +11,72 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
 
+import db.suites
 from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
 from api.guard import GuardedRoute
-from api.nightly_schemas import SuiteCreate, SuiteFiringRead, SuiteRead, SuiteUpdate, TriggerRead
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
-from core.matrix import MatrixError
-from db import suites as q
-from db.models import utcnow
-from db.models_nightly import Suite
+from api.schemas.nightly import SuiteCreate, SuiteFiringRead, SuiteRead, SuiteUpdate, TriggerRead
+from core.contracts.matrix import MatrixError
+from db.base import utcnow
+from db.models import Suite
 from worker.queue import dispatch_runs
 
 router = APIRouter(prefix="/suites", tags=["suites"], route_class=GuardedRoute)
 SuiteId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Suite id.")]
 
 
-def _problem(exc: q.SuiteError) -> ProblemError:
+def _problem(exc: db.suites.SuiteError) -> ProblemError:
     return ProblemError(422, str(exc), [FieldError(field=exc.field, message=exc.message, allowed=exc.allowed)])
 
 
 def suite_read(suite: Suite) -> dict[str, Any]:
-    configs = q.metric_configs(suite)
+    configs = db.suites.metric_configs(suite)
     effective = {name: (c.limit if c.limit is not None else c.threshold) for name, c in configs.items()}
     return SuiteRead.model_validate(suite).model_dump() | {"effective_thresholds": effective}
 
 
 def _get_or_404(session: Session, suite_id: int) -> Suite:
-    return found(q.get_suite(session, suite_id), "suite", suite_id)
+    return found(db.suites.get_suite(session, suite_id), "suite", suite_id)
 
 
-@router.post("", status_code=201, response_model=SuiteRead, responses=PROBLEM_RESPONSES,
-             summary="Create a suite: an experiment template fired on a cron schedule (default nightly)")
-def create_suite(body: SuiteCreate, session: SessionDep, clusters: ClustersDep, _auth: WriteAuth,
-                 response: Response) -> Any:
+@router.post(
+    "",
+    status_code=201,
+    response_model=SuiteRead,
+    responses=PROBLEM_RESPONSES,
+    summary="Create a suite: an experiment template fired on a cron schedule (default nightly)",
+)
+def create_suite(
+    body: SuiteCreate, session: SessionDep, clusters: ClustersDep, _auth: WriteAuth, response: Response
+) -> Any:
     cluster_name = body.cluster or body.spec.cluster
     if cluster_name not in clusters:
-        raise ProblemError(422, f"unknown cluster {cluster_name!r}", [FieldError(
-            field="cluster", message=f"unknown cluster {cluster_name!r}", allowed=sorted(clusters))])
-    if q.get_suite_by_name(session, body.name) is not None:
-        raise ProblemError(409, f"a suite named {body.name!r} exists", [FieldError(
-            field="name", message="already used by another suite")])
+        raise ProblemError(
+            422,
+            f"unknown cluster {cluster_name!r}",
+            [FieldError(field="cluster", message=f"unknown cluster {cluster_name!r}", allowed=sorted(clusters))],
+        )
+    if db.suites.get_suite_by_name(session, body.name) is not None:
+        raise ProblemError(
+            409,
+            f"a suite named {body.name!r} exists",
+            [FieldError(field="name", message="already used by another suite")],
+        )
     try:
-        q.check_expands(body.spec, clusters[cluster_name])
-        suite = q.create_suite(session, name=body.name, spec=body.spec, cluster=cluster_name,
-                               schedule=body.schedule, enabled=body.enabled, thresholds=body.thresholds,
-                               baseline_nights=body.baseline_nights, concurrency_policy=body.concurrency_policy,
-                               max_queued_runs=body.max_queued_runs)
-    except q.SuiteError as exc:
+        db.suites.check_expands(body.spec, clusters[cluster_name])
+        suite = db.suites.create_suite(
+            session,
+            name=body.name,
+            spec=body.spec,
+            cluster=cluster_name,
+            schedule=body.schedule,
+            enabled=body.enabled,
+            thresholds=body.thresholds,
+            baseline_nights=body.baseline_nights,
+            concurrency_policy=body.concurrency_policy,
+            max_queued_runs=body.max_queued_runs,
+        )
+    except db.suites.SuiteError as exc:
         raise _problem(exc) from exc
     except MatrixError as exc:
         raise ProblemError(
@@ -74,7 +94,7 @@ def create_suite(body: SuiteCreate, session: SessionDep, clusters: ClustersDep, 
 
 @router.get("", response_model=list[SuiteRead], responses=PROBLEM_RESPONSES, summary="List suites")
 def list_suites(session: SessionDep, _auth: ReadAuth, enabled: bool | None = None) -> Any:
-    return [suite_read(s) for s in q.list_suites(session, enabled=enabled)]
+    return [suite_read(s) for s in db.suites.list_suites(session, enabled=enabled)]
 
 
 @router.get("/{suite_id}", response_model=SuiteRead, responses=PROBLEM_RESPONSES, summary="A suite")
@@ -91,7 +111,7 @@ def get_suite(suite_id: SuiteId, session: SessionDep, _auth: ReadAuth) -> Any:
 def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _auth: WriteAuth) -> Any:
     suite = _get_or_404(session, suite_id)
     try:
-        q.update_suite(
+        db.suites.update_suite(
             session,
             suite,
             enabled=body.enabled,
@@ -101,19 +121,24 @@ def update_suite(suite_id: SuiteId, body: SuiteUpdate, session: SessionDep, _aut
             concurrency_policy=body.concurrency_policy,
             max_queued_runs=body.max_queued_runs,
         )
-    except q.SuiteError as exc:
+    except db.suites.SuiteError as exc:
         session.rollback()
         raise _problem(exc) from exc
     session.commit()
     return suite_read(suite)
 
 
-@router.get("/{suite_id}/firings", response_model=list[SuiteFiringRead], responses=PROBLEM_RESPONSES,
-            summary="The suite's firings, newest first: the experiment each created, or why it was skipped or failed")
-def list_firings(suite_id: SuiteId, session: SessionDep, _auth: ReadAuth,
-                 limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> Any:
+@router.get(
+    "/{suite_id}/firings",
+    response_model=list[SuiteFiringRead],
+    responses=PROBLEM_RESPONSES,
+    summary="The suite's firings, newest first: the experiment each created, or why it was skipped or failed",
+)
+def list_firings(
+    suite_id: SuiteId, session: SessionDep, _auth: ReadAuth, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+) -> Any:
     _get_or_404(session, suite_id)
-    return q.list_firings(session, suite_id, limit)
+    return db.suites.list_firings(session, suite_id, limit)
 
 
 @router.post(
@@ -122,7 +147,7 @@ def list_firings(suite_id: SuiteId, session: SessionDep, _auth: ReadAuth,
     response_model=TriggerRead,
     responses=PROBLEM_RESPONSES,
     summary="Fire the suite now (its schedule is unchanged; the concurrency policy does not apply, the queued-run "
-            "cap does: 409)",
+    "cap does: 409)",
 )
 def trigger_suite(
     suite_id: SuiteId,
@@ -133,11 +158,14 @@ def trigger_suite(
     response: Response,
 ) -> TriggerRead:
     suite = _get_or_404(session, suite_id)
-    fired = q.fire_suite(session, suite, clusters, utcnow(), trigger="manual")
+    fired = db.suites.fire_suite(session, suite, clusters, utcnow(), trigger="manual")
     session.commit()
     if fired.skipped is not None:  # the queued-run cap (a manual trigger ignores the concurrency policy)
-        raise ProblemError(409, f"the suite was not fired: {fired.skipped}",
-                           [FieldError(field="max_queued_runs", message=fired.skipped)])
+        raise ProblemError(
+            409,
+            f"the suite was not fired: {fired.skipped}",
+            [FieldError(field="max_queued_runs", message=fired.skipped)],
+        )
     if fired.experiment_id is None:
         raise ProblemError(
             422,

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+import db.tokens
 from api.deps import SessionDep, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import WRITE_RESPONSES, found
-from core.specs import Text
-from db import tokens as q
+from core.contracts.specs import Text
 from db.models import ApiToken
 
 router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=GuardedRoute)
@@ -26,16 +26,22 @@ NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: Text = Field("default", min_length=1, max_length=200, pattern=NO_CONTROL_CHARS,
-                       description="A label: who or what uses the token.")
+    name: Text = Field(
+        "default",
+        min_length=1,
+        max_length=200,
+        pattern=NO_CONTROL_CHARS,
+        description="A label: who or what uses the token.",
+    )
 
 
 class TokenRead(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     id: int
     name: str
-    prefix: str | None = Field(description="The token's first characters (null for tokens made before prefixes "
-                                           "were kept).")
+    prefix: str | None = Field(
+        description="The token's first characters (null for tokens made before prefixes were kept)."
+    )
     created_at: datetime
     last_used_at: datetime | None = Field(description="Resolution: one minute.")
     revoked_at: datetime | None = None
@@ -45,24 +51,33 @@ class TokenCreated(TokenRead):
     token: str = Field(description="Shown only in this response; only its sha256 is stored.")
 
 
-@router.get("", response_model=list[TokenRead], responses=WRITE_RESPONSES,
-            summary="Tokens that still authenticate (name, prefix, created, last used)")
+@router.get(
+    "",
+    response_model=list[TokenRead],
+    responses=WRITE_RESPONSES,
+    summary="Tokens that still authenticate (name, prefix, created, last used)",
+)
 def list_tokens(session: SessionDep, _auth: WriteAuth) -> Any:
-    return q.list_tokens(session)
+    return db.tokens.list_tokens(session)
 
 
-@router.post("", status_code=201, response_model=TokenCreated, responses=WRITE_RESPONSES,
-             summary="Create a token (shown once)")
+@router.post(
+    "", status_code=201, response_model=TokenCreated, responses=WRITE_RESPONSES, summary="Create a token (shown once)"
+)
 def create_token(body: TokenCreate, session: SessionDep, _auth: WriteAuth, response: Response) -> Any:
-    token, row = q.create_token(session, body.name)
+    token, row = db.tokens.create_token(session, body.name)
     session.commit()
     response.headers["Location"] = f"/tokens/{row.id}"
     return TokenRead.model_validate(row).model_dump() | {"token": token}
 
 
-@router.delete("/{token_id}", response_model=TokenRead, responses=WRITE_RESPONSES,
-               summary="Revoke a token: it gets 401 from then on")
+@router.delete(
+    "/{token_id}",
+    response_model=TokenRead,
+    responses=WRITE_RESPONSES,
+    summary="Revoke a token: it gets 401 from then on",
+)
 def revoke_token(token_id: TokenId, session: SessionDep, _auth: WriteAuth) -> ApiToken:
-    row = found(q.revoke_token(session, token_id), "token", token_id)
+    row = found(db.tokens.revoke_token(session, token_id), "token", token_id)
     session.commit()
     return row

@@ -1,7 +1,7 @@
 """Webhooks: notified on regression events (default: regression.confirmed) with a signed JSON POST.
 
 Every route needs a token, reads included: a webhook's host and its delivery log are an operator's business.
-URLs are checked by core.webhook_targets (public addresses only, unless settings.webhook_allow_private)."""
+URLs are checked by core.contracts.webhook_targets (public addresses only, unless settings.webhook_allow_private)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Path, Query, Response
 
+import db.webhooks
 from api.deps import SessionDep, SettingsDep, WriteAuth
 from api.guard import GuardedRoute
-from api.nightly_schemas import DeliveryRead, WebhookCreate, WebhookCreated, WebhookRead, WebhookUpdate
 from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
-from core.webhook_targets import system_resolve
-from db import webhooks as q
-from db.models_nightly import Webhook
+from api.schemas.nightly import DeliveryRead, WebhookCreate, WebhookCreated, WebhookRead, WebhookUpdate
+from db.models import Webhook
+from osutil.dns import system_resolve
 
 
 def redacted_url(url: str) -> tuple[str, str]:
@@ -30,26 +30,45 @@ def redacted_url(url: str) -> tuple[str, str]:
 
 def webhook_read(hook: Webhook) -> dict[str, Any]:
     url, host = redacted_url(hook.url)
-    return {"id": hook.id, "url": url, "host": host, "events": hook.events, "enabled": hook.enabled,
-            "created_at": hook.created_at}
+    return {
+        "id": hook.id,
+        "url": url,
+        "host": host,
+        "events": hook.events,
+        "enabled": hook.enabled,
+        "created_at": hook.created_at,
+    }
 
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"], route_class=GuardedRoute)
 WebhookId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Webhook id.")]
 
 
-def _problem(exc: q.WebhookError) -> ProblemError:
+def _problem(exc: db.webhooks.WebhookError) -> ProblemError:
     return ProblemError(422, str(exc), [FieldError(field=exc.field, message=exc.message, allowed=exc.allowed)])
 
 
-@router.post("", status_code=201, response_model=WebhookCreated, responses=WRITE_RESPONSES,
-             summary="Register a webhook (the secret is returned once)")
-def create_webhook(body: WebhookCreate, session: SessionDep, settings: SettingsDep, _auth: WriteAuth,
-                   response: Response) -> Any:
+@router.post(
+    "",
+    status_code=201,
+    response_model=WebhookCreated,
+    responses=WRITE_RESPONSES,
+    summary="Register a webhook (the secret is returned once)",
+)
+def create_webhook(
+    body: WebhookCreate, session: SessionDep, settings: SettingsDep, _auth: WriteAuth, response: Response
+) -> Any:
     try:
-        hook = q.create_webhook(session, body.url, secret=body.secret, events=body.events, enabled=body.enabled,
-                                allow_private=settings.webhook_allow_private, resolve=system_resolve)
-    except q.WebhookError as exc:
+        hook = db.webhooks.create_webhook(
+            session,
+            body.url,
+            secret=body.secret,
+            events=body.events,
+            enabled=body.enabled,
+            allow_private=settings.webhook_allow_private,
+            resolve=system_resolve,
+        )
+    except db.webhooks.WebhookError as exc:
         raise _problem(exc) from exc
     session.commit()
     response.headers["Location"] = f"/webhooks/{hook.id}"
@@ -58,25 +77,30 @@ def create_webhook(body: WebhookCreate, session: SessionDep, settings: SettingsD
 
 @router.get("", response_model=list[WebhookRead], responses=PROBLEM_RESPONSES, summary="List webhooks (token)")
 def list_webhooks(session: SessionDep, _auth: WriteAuth) -> Any:
-    return [webhook_read(h) for h in q.list_webhooks(session)]
+    return [webhook_read(h) for h in db.webhooks.list_webhooks(session)]
 
 
-@router.patch("/{webhook_id}", response_model=WebhookRead, responses=WRITE_RESPONSES,
-              summary="Enable or disable a webhook, or change its events")
+@router.patch(
+    "/{webhook_id}",
+    response_model=WebhookRead,
+    responses=WRITE_RESPONSES,
+    summary="Enable or disable a webhook, or change its events",
+)
 def update_webhook(webhook_id: WebhookId, body: WebhookUpdate, session: SessionDep, _auth: WriteAuth) -> Any:
-    hook = found(q.get_webhook(session, webhook_id), "webhook", webhook_id)
+    hook = found(db.webhooks.get_webhook(session, webhook_id), "webhook", webhook_id)
     try:
-        q.update_webhook(session, hook, enabled=body.enabled, events=body.events)
-    except q.WebhookError as exc:
+        db.webhooks.update_webhook(session, hook, enabled=body.enabled, events=body.events)
+    except db.webhooks.WebhookError as exc:
         raise _problem(exc) from exc
     session.commit()
     return webhook_read(hook)
 
 
-@router.delete("/{webhook_id}", status_code=204, responses=PROBLEM_RESPONSES,
-               summary="Delete a webhook and its delivery log")
+@router.delete(
+    "/{webhook_id}", status_code=204, responses=PROBLEM_RESPONSES, summary="Delete a webhook and its delivery log"
+)
 def delete_webhook(webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth) -> Response:
-    q.delete_webhook(session, found(q.get_webhook(session, webhook_id), "webhook", webhook_id))
+    db.webhooks.delete_webhook(session, found(db.webhooks.get_webhook(session, webhook_id), "webhook", webhook_id))
     session.commit()
     return Response(status_code=204)
 
@@ -90,5 +114,5 @@ def delete_webhook(webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth)
 def list_deliveries(
     webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth, limit: Annotated[int, Query(ge=1, le=500)] = 100
 ) -> Any:
-    found(q.get_webhook(session, webhook_id), "webhook", webhook_id)
-    return q.list_deliveries(session, webhook_id, limit)
+    found(db.webhooks.get_webhook(session, webhook_id), "webhook", webhook_id)
+    return db.webhooks.list_deliveries(session, webhook_id, limit)

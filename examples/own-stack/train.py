@@ -95,9 +95,12 @@ def main() -> None:
         if rank == 0:
             mean = reduced.item() / world
             gbs = args.micro_batch_size * world
-            print(f" iteration {it:8d}/{args.train_iters:8d} | consumed samples: {it * gbs:12d} | "
-                  f"elapsed time per iteration (ms): {step_ms:.1f} | learning rate: {args.lr:.3E} | "
-                  f"global batch size: {gbs:5d} | lm loss: {mean:.6E} | grad norm: {norm.item():.3f} |", flush=True)
+            print(
+                f" iteration {it:8d}/{args.train_iters:8d} | consumed samples: {it * gbs:12d} | "
+                f"elapsed time per iteration (ms): {step_ms:.1f} | learning rate: {args.lr:.3E} | "
+                f"global batch size: {gbs:5d} | lm loss: {mean:.6E} | grad norm: {norm.item():.3f} |",
+                flush=True,
+            )
             if jsonl:
                 jsonl.write(json.dumps({"step": it, "step_ms": step_ms, "loss": mean}) + "\n")
                 jsonl.flush()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from core.clusters import load_clusters  # noqa: E402
-from core.matrix import expand  # noqa: E402
-from core.specs import ExperimentSpec  # noqa: E402
+from core.contracts.clusters import load_clusters  # noqa: E402
+from core.contracts.matrix import expand  # noqa: E402
+from core.contracts.specs import ExperimentSpec  # noqa: E402
 from worker.launchers import slurm  # noqa: E402
 
 
@@ -34,8 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE of the worker's environment")
     args = ap.parse_args(argv)
     cluster = load_clusters(args.clusters)[args.cluster]
-    exp = ExperimentSpec(name="example", model=args.model, cluster=cluster.name, gpu_counts=[args.gpus],
-                         precisions=[args.precision], layouts=[args.layout], seq_len=8192, steps=30, warmup_steps=5)
+    exp = ExperimentSpec(
+        name="example",
+        model=args.model,
+        cluster=cluster.name,
+        gpu_counts=[args.gpus],
+        precisions=[args.precision],
+        layouts=[args.layout],
+        seq_len=8192,
+        steps=30,
+        warmup_steps=5,
+    )
     runs, skipped = expand(exp, cluster)
     if not runs:
         raise SystemExit(f"no run: {skipped}")

@@ -3,34 +3,43 @@ way workers record them (db.runs.record_result)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.specs import RunResult
-from db import analysis as aq
+import db.points
+from core.contracts.specs import RunResult
+from core.settings import Settings
 from db.models import Experiment
 from db.runs import claim_run, mark_failed, record_result
 from db.session import session_scope
 from tests.db.helpers import add_experiment
 
 
-@pytest.fixture(autouse=True)
-def _fresh_fingerprints(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def test_settings(test_settings: Settings) -> Settings:
     """These tests change runs and look at once; the fingerprint reuse window is tested on its own."""
-    monkeypatch.setenv("SCALEBENCH_ETAG_TTL_S", "0")
+    return dataclasses.replace(test_settings, etag_ttl_s=0.0)
 
 
 # X(N) global tokens/s per (precision, N): bf16 scales at 90% to N=4, fp8 is 1.3x bf16
-TPS = {("bf16", 1): 1000.0, ("bf16", 2): 1900.0, ("bf16", 4): 3600.0,
-       ("fp8-tensorwise", 1): 1300.0, ("fp8-tensorwise", 2): 2470.0, ("fp8-tensorwise", 4): 4680.0}
+TPS = {
+    ("bf16", 1): 1000.0,
+    ("bf16", 2): 1900.0,
+    ("bf16", 4): 3600.0,
+    ("fp8-tensorwise", 1): 1300.0,
+    ("fp8-tensorwise", 2): 2470.0,
+    ("fp8-tensorwise", 4): 4680.0,
+}
 
 
 def _result(run_key: str, tps: float, n: int, num_steps: int = 10, loss_offset: float = 0.0) -> RunResult:
-    steps = [{"step": i, "loss": 6.0 - 0.01 * i + loss_offset, "step_ms": 100.0, "tokens": 512}
-             for i in range(num_steps)]
+    steps = [
+        {"step": i, "loss": 6.0 - 0.01 * i + loss_offset, "step_ms": 100.0, "tokens": 512} for i in range(num_steps)
+    ]
     summary = dict(
         num_timed_steps=num_steps,
         tokens_per_step=512,
@@ -79,7 +88,7 @@ def test_scaling_json_csv_png_and_one_query(client, pg_session_factory, pg_engin
     sa.event.listen(pg_engine, "before_cursor_execute", listener)
     try:
         with pg_session_factory() as s:
-            points = aq.load_run_points(s, exp_id)
+            points = db.points.load_run_points(s, exp_id)
     finally:
         sa.event.remove(pg_engine, "before_cursor_execute", listener)
     assert len(statements) == 1 and len(points) == 6
@@ -187,16 +196,16 @@ def test_fingerprint_ignores_heartbeats_and_sees_cancel_requests(pg_session_fact
         exp_id, run_ids = add_experiment(s)
         claim_run(s, run_ids[0], "w", "h", 60)
     with pg_session_factory() as s:
-        before = aq.fingerprint(s, exp_id)
+        before = db.points.fingerprint(s, exp_id)
     with session_scope(pg_session_factory) as s:
         heartbeat(s, run_ids[0], 60)
     with pg_session_factory() as s:
-        assert aq.fingerprint(s, exp_id) == before
-        assert aq.fingerprint(s, 999) is None
+        assert db.points.fingerprint(s, exp_id) == before
+        assert db.points.fingerprint(s, 999) is None
     with session_scope(pg_session_factory) as s:
         cancel_experiment(s, exp_id)
     with pg_session_factory() as s:
-        assert aq.fingerprint(s, exp_id) != before
+        assert db.points.fingerprint(s, exp_id) != before
 
 
 def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:
@@ -204,8 +213,8 @@ def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:
         exp_id, _ = add_experiment(s, repeats=2)
     _finish_all(pg_session_factory, exp_id, num_steps=1001)
     with pg_session_factory() as s:
-        curves = aq.loss_curves(s, exp_id)
-        small = aq.loss_curves(s, exp_id, max_points=7, num_devices=1)
+        curves = db.points.loss_curves(s, exp_id)
+        small = db.points.loss_curves(s, exp_id, max_points=7, num_devices=1)
     assert len(curves) == 6 and {c.repeat for c in curves} == {0}  # one run per (precision, layout, N)
     assert all(len(c.steps) <= 200 and c.steps[0] == 0 and c.steps[-1] == 1000 for c in curves)
     assert curves[0].num_steps == 1001 and len(curves[0].steps) >= 150
@@ -272,9 +281,9 @@ def test_cli_plot_writes_the_png(test_settings, pg_session_factory, tmp_path) ->
     assert not (tmp_path / "x.png").exists()
 
 
-def test_fingerprint_reuse_window(client, pg_session_factory, monkeypatch) -> None:
-    """Within SCALEBENCH_ETAG_TTL_S a poll reuses the process's fingerprint (no query); after it, the change shows."""
-    monkeypatch.setenv("SCALEBENCH_ETAG_TTL_S", "0.5")
+def test_fingerprint_reuse_window(make_client, test_settings, pg_session_factory) -> None:
+    """Within Settings.etag_ttl_s a poll reuses the process's fingerprint (no query); after it, the change shows."""
+    client = make_client(dataclasses.replace(test_settings, etag_ttl_s=0.5))
     with session_scope(pg_session_factory) as s:
         exp_id, _ = add_experiment(s)
     path = f"/experiments/{exp_id}"
@@ -288,9 +297,9 @@ def test_fingerprint_reuse_window(client, pg_session_factory, monkeypatch) -> No
 
 def test_served_reports_equal_the_per_run_reports(client, pg_session_factory) -> None:
     """/scaling (JSON and CSV) and /compare, built from the aggregated points, hold byte for byte what
-    core.scaling.build_report over one RunPoint per run (the previous read) gives."""
+    core.analysis.scaling.build_report over one RunPoint per run (the previous read) gives."""
     from api.compare import CompareExperiment, compare
-    from core.scaling import build_report, to_csv
+    from core.analysis.scaling import build_report, to_csv
 
     with session_scope(pg_session_factory) as s:
         a, _ = add_experiment(s, repeats=3)
@@ -299,15 +308,26 @@ def test_served_reports_equal_the_per_run_reports(client, pg_session_factory) ->
     _finish_all(pg_session_factory, b)
     sizes = {"local-cpu": 64}
     with pg_session_factory() as s:
-        old = {i: build_report(aq.load_run_points(s, i), baseline_num_devices=2, full_size_by_cluster=sizes,
-                               run_losses=aq.load_run_losses(s, i)) for i in (a, b)}
+        old = {
+            i: build_report(
+                db.points.load_run_points(s, i),
+                baseline_num_devices=2,
+                full_size_by_cluster=sizes,
+                run_losses=db.points.load_run_losses(s, i),
+            )
+            for i in (a, b)
+        }
         names = {i: s.get(Experiment, i) for i in (a, b)}
     r = client.get(f"/experiments/{a}/scaling?full_size=64&baseline_num_devices=2")
     assert r.content == old[a].model_dump_json().encode()
     csv = client.get(f"/experiments/{a}/scaling?format=csv&full_size=64&baseline_num_devices=2")
     assert csv.text == to_csv(old[a])
-    expected = compare([CompareExperiment(id=i, name=names[i].name, cluster=names[i].cluster,
-                                          source=names[i].source, report=old[i]) for i in (a, b)])
+    expected = compare(
+        [
+            CompareExperiment(id=i, name=names[i].name, cluster=names[i].cluster, source=names[i].source, report=old[i])
+            for i in (a, b)
+        ]
+    )
     got = client.get(f"/compare?experiments={a},{b}&full_size=64&baseline_num_devices=2")
     assert got.content == expected.model_dump_json().encode()
 
@@ -327,7 +347,7 @@ def test_an_expired_fingerprint_is_refreshed_by_one_request_at_a_time(monkeypatc
     of running the same query (no stampede of pollers when it expires)."""
     import threading
 
-    from api import etag
+    from api import caches
 
     calls: list[list[int]] = []
     entered, release = threading.Event(), threading.Event()
@@ -338,8 +358,8 @@ def test_an_expired_fingerprint_is_refreshed_by_one_request_at_a_time(monkeypatc
         assert release.wait(10)
         return {i: f"v{len(calls)}" for i in ids}
 
-    monkeypatch.setattr(etag, "fingerprints", slow_fingerprints)
-    cache = etag.FingerprintCache(ttl_s=0.05)
+    monkeypatch.setattr(caches, "fingerprints", slow_fingerprints)
+    cache = caches.FingerprintCache(ttl_s=0.05)
     release.set()
     assert cache.get(None, [1]) == {1: "v1"}
     release.clear()

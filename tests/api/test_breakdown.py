@@ -4,6 +4,7 @@ real Postgres, with results recorded the way workers record them and traces ship
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import io
 import json
@@ -12,54 +13,75 @@ import os
 import pytest
 import sqlalchemy as sa
 
-from core.breakdown import CATEGORY_KEYS, PARTITION, Breakdown, StepBreakdown, median_over_ranks, trace_file_name
-from core.clusters import LOCAL_CPU
-from core.specs import RunResult
-from db import runs as rq
+import db.runs
+from core.analysis.breakdown import (
+    CATEGORY_KEYS,
+    PARTITION,
+    Breakdown,
+    StepBreakdown,
+    median_over_ranks,
+    trace_file_name,
+)
+from core.contracts.clusters import LOCAL_CPU
+from core.contracts.specs import RunResult
+from core.settings import Settings
 from db.session import session_scope
 from tests.db.helpers import add_experiment, succeeded_result
 from worker.execution import ship_traces
 from worker.runtime import Runtime
 
 
-@pytest.fixture(autouse=True)
-def _fresh_fingerprints(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SCALEBENCH_ETAG_TTL_S", "0")
+@pytest.fixture
+def test_settings(test_settings: Settings) -> Settings:
+    """These tests change runs and look at once."""
+    return dataclasses.replace(test_settings, etag_ttl_s=0.0)
 
 
 def step_breakdown(n: int, precision: str, rank: int = 0) -> dict[str, float]:
     """A step of N ranks: fp8 moves GEMM time from bf16 to fp8 and adds casts; communication grows with N and
     is partly hidden; ranks differ a little. The parts add up to step_ms."""
     fp8 = precision != "bf16"
-    parts = {"gemm_bf16_ms": 20.0 if fp8 else 60.0, "gemm_fp8_ms": 25.0 if fp8 else 0.0,
-             "fp8_cast_ms": 9.0 + rank if fp8 else 0.0, "attention_ms": 12.0, "elementwise_ms": 15.0 + rank,
-             "optimizer_ms": 8.0, "exposed_communication_ms": 6.0 * (n - 1) + rank, "idle_ms": 3.0}
+    parts = {
+        "gemm_bf16_ms": 20.0 if fp8 else 60.0,
+        "gemm_fp8_ms": 25.0 if fp8 else 0.0,
+        "fp8_cast_ms": 9.0 + rank if fp8 else 0.0,
+        "attention_ms": 12.0,
+        "elementwise_ms": 15.0 + rank,
+        "optimizer_ms": 8.0,
+        "exposed_communication_ms": 6.0 * (n - 1) + rank,
+        "idle_ms": 3.0,
+    }
     overlapped = 4.0 * (n - 1)
-    return {**parts, "step_ms": sum(parts.values()),
-            "communication_ms": parts["exposed_communication_ms"] + overlapped,
-            "overlapped_communication_ms": overlapped}
+    return {
+        **parts,
+        "step_ms": sum(parts.values()),
+        "communication_ms": parts["exposed_communication_ms"] + overlapped,
+        "overlapped_communication_ms": overlapped,
+    }
 
 
 def breakdown_of(n: int, precision: str, profiled_steps: tuple[int, ...] = (7, 8, 9)) -> Breakdown:
     per_rank = [{"rank": r, **step_breakdown(n, precision, r)} for r in range(n)]
     ranks = [StepBreakdown(**{k: v for k, v in r.items() if k != "rank"}) for r in per_rank]
-    return Breakdown.model_validate({"profiled_steps": list(profiled_steps), "per_rank": per_rank,
-                                     "median": median_over_ranks(ranks).model_dump()})
+    return Breakdown.model_validate(
+        {"profiled_steps": list(profiled_steps), "per_rank": per_rank, "median": median_over_ranks(ranks).model_dump()}
+    )
 
 
 def record_profiled(factory, exp_id: int, skip: set[tuple[str, int]] = frozenset()) -> dict[tuple[str, int], int]:
     """Every run of the experiment succeeded with a breakdown (except the (precision, N) in skip)."""
     ids = {}
     with session_scope(factory) as s:
-        rows = s.execute(sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"),
-                         {"e": exp_id}).all()
+        rows = s.execute(
+            sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"), {"e": exp_id}
+        ).all()
         for run_id, key, precision, n in rows:
             ids[(precision, n)] = run_id
-            rq.claim_run(s, run_id, "w", "h", 60)
+            db.runs.claim_run(s, run_id, "w", "h", 60)
             result = succeeded_result(key, num_steps=10)
             if (precision, n) not in skip:
                 result = RunResult.model_validate({**result.model_dump(), "breakdown": breakdown_of(n, precision)})
-            rq.record_result(s, run_id, result)
+            db.runs.record_result(s, run_id, result)
     return ids
 
 
@@ -121,8 +143,15 @@ def test_breakdown_empty_unprofiled_404_and_422(client, pg_session_factory):
 
 
 def test_profile_steps_validated_and_kept_out_of_the_run_key(client):
-    spec = {"name": "p", "model": "debug", "gpu_counts": [1], "precisions": ["bf16"], "steps": 6,
-            "warmup_steps": 2, "profile_steps": 4}
+    spec = {
+        "name": "p",
+        "model": "debug",
+        "gpu_counts": [1],
+        "precisions": ["bf16"],
+        "steps": 6,
+        "warmup_steps": 2,
+        "profile_steps": 4,
+    }
     r = client.post("/experiments", json=spec)
     assert r.status_code == 422
     assert "profile_steps(4) leaves no timed step" in r.text
@@ -135,13 +164,25 @@ def test_profile_steps_validated_and_kept_out_of_the_run_key(client):
 
 
 def _chrome_trace(rank: int) -> bytes:
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0,
-               "args": {"rank": rank}} for i in range(2000)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10.0 * i,
+            "dur": 5.0,
+            "args": {"rank": rank},
+        }
+        for i in range(2000)
+    ]
     return gzip.compress(json.dumps({"traceEvents": events, "distributedInfo": {"rank": rank}}).encode())
 
 
-def test_worker_ships_each_ranks_trace_and_the_api_streams_it(client, pg_session_factory, pg_engine, test_settings,
-                                                              tmp_path):
+def test_worker_ships_each_ranks_trace_and_the_api_streams_it(
+    client, pg_session_factory, pg_engine, test_settings, tmp_path
+):
     with session_scope(pg_session_factory) as s:
         _, ids = add_experiment(s)
     run_dir = tmp_path / "run"
@@ -149,8 +190,13 @@ def test_worker_ships_each_ranks_trace_and_the_api_streams_it(client, pg_session
     for rank in (0, 1):
         (run_dir / trace_file_name(rank)).write_bytes(_chrome_trace(rank))
     (run_dir / "trace.rankX.json.gz").write_bytes(b"not a rank")  # ignored: not a trace file name
-    rt = Runtime(settings=test_settings, clusters={LOCAL_CPU.name: LOCAL_CPU}, engine=pg_engine,
-                 session_factory=pg_session_factory, pid=os.getpid())
+    rt = Runtime(
+        settings=test_settings,
+        clusters={LOCAL_CPU.name: LOCAL_CPU},
+        engine=pg_engine,
+        session_factory=pg_session_factory,
+        pid=os.getpid(),
+    )
     assert ship_traces(rt, ids[0], run_dir) == 2
 
     plain = client.get(f"/runs/{ids[0]}/trace", params={"rank": 1}, headers={"Accept-Encoding": "identity"})

@@ -16,8 +16,15 @@ from core.settings import Settings
 from db.models import Run
 from worker.queue import dispatch_pending, make_celery, publish_run, redispatch_stale
 
-BODY = {"name": "d", "model": "debug", "gpu_counts": [1, 2, 4], "precisions": ["bf16", "fp8-rowwise"], "repeats": 2,
-        "steps": 4, "warmup_steps": 1}
+BODY = {
+    "name": "d",
+    "model": "debug",
+    "gpu_counts": [1, 2, 4],
+    "precisions": ["bf16", "fp8-rowwise"],
+    "repeats": 2,
+    "steps": 4,
+    "warmup_steps": 1,
+}
 DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
 
@@ -26,8 +33,9 @@ def _undispatched(factory) -> list[int]:
         return list(s.scalars(sa.select(Run.id).where(Run.dispatched_at.is_(None)).order_by(Run.id)))
 
 
-def test_broker_down_stores_runs_then_dispatcher_publishes_each_once(make_client, test_settings, pg_session_factory,
-                                                                     celery_app, redis_client, queued_messages):
+def test_broker_down_stores_runs_then_dispatcher_publishes_each_once(
+    make_client, test_settings, pg_session_factory, celery_app, redis_client, queued_messages
+):
     down = make_client(replace(test_settings, broker_url=DOWN))
     t0 = time.monotonic()
     r = down.post("/experiments", json=BODY)
@@ -79,10 +87,18 @@ def test_scheduler_process_republishes(make_client, test_settings, pg_session_fa
     down = make_client(replace(test_settings, broker_url=DOWN))
     run_ids = [x["id"] for x in down.post("/experiments", json=BODY).json()["runs"]]
     assert _undispatched(pg_session_factory) == run_ids
-    env = os.environ | {"SCALEBENCH_DATABASE_URL": test_settings.database_url,
-                        "SCALEBENCH_BROKER_URL": test_settings.broker_url, "SCALEBENCH_DATA_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "worker.scheduler", "--once", "--nightly-interval-s", "3600"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    env = os.environ | {
+        "SCALEBENCH_DATABASE_URL": test_settings.database_url,
+        "SCALEBENCH_BROKER_URL": test_settings.broker_url,
+        "SCALEBENCH_DATA_DIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker.scheduler", "--once", "--nightly-interval-s", "3600"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _undispatched(pg_session_factory) == [] and redis_client.llen("local-cpu") == len(run_ids)
 
@@ -132,17 +148,25 @@ def _dispatch_counts(factory) -> list[int]:
 
 
 def _scheduler_once(test_settings, tmp_path, bound_s: float) -> None:
-    env = os.environ | {"SCALEBENCH_DATABASE_URL": test_settings.database_url, "SCALEBENCH_DATA_DIR": str(tmp_path),
-                        "SCALEBENCH_BROKER_URL": test_settings.broker_url,
-                        "SCALEBENCH_REDISPATCH_AFTER_S": str(bound_s)}
-    proc = subprocess.run([sys.executable, "-m", "worker.scheduler", "--once", "--nightly-interval-s", "3600"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    env = os.environ | {
+        "SCALEBENCH_DATABASE_URL": test_settings.database_url,
+        "SCALEBENCH_DATA_DIR": str(tmp_path),
+        "SCALEBENCH_BROKER_URL": test_settings.broker_url,
+        "SCALEBENCH_REDISPATCH_AFTER_S": str(bound_s),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker.scheduler", "--once", "--nightly-interval-s", "3600"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_messages_lost_by_the_broker_are_published_again_once_per_bound(client, test_settings, pg_session_factory,
-                                                                        celery_app, redis_client, queued_messages,
-                                                                        tmp_path):
+def test_messages_lost_by_the_broker_are_published_again_once_per_bound(
+    client, test_settings, pg_session_factory, celery_app, redis_client, queued_messages, tmp_path
+):
     """A Redis without an append-only file restarted after dispatch: the messages are gone, the runs stay
     queued (dispatched, never claimed). The scheduler publishes each again once the bound has passed, and
     passes within the bound publish nothing."""
@@ -164,8 +188,9 @@ def test_messages_lost_by_the_broker_are_published_again_once_per_bound(client, 
     assert redis_client.llen("local-cpu") == 12 and _dispatch_counts(pg_session_factory) == [2] * 12
 
 
-def test_concurrent_redispatchers_publish_each_stale_run_once(client, test_settings, pg_session_factory,
-                                                              redis_client, queued_messages):
+def test_concurrent_redispatchers_publish_each_stale_run_once(
+    client, test_settings, pg_session_factory, redis_client, queued_messages
+):
     run_ids = [x["id"] for _ in range(3) for x in client.post("/experiments", json=BODY).json()["runs"]]
     redis_client.flushdb()
     published: list[int] = []

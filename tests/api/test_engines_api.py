@@ -21,8 +21,15 @@ argv = ["bash", "/opt/megatron/train.sh", "{nproc_per_node}", "{seq_len}"]
 metrics = "megatron-log"
 precisions = ["bf16", "fp8-tensorwise"]
 """
-BODY = {"name": "engines", "model": "debug", "cluster": "gpu", "gpu_counts": [1, 2], "precisions": ["bf16"],
-        "steps": 4, "warmup_steps": 1}
+BODY = {
+    "name": "engines",
+    "model": "debug",
+    "cluster": "gpu",
+    "gpu_counts": [1, 2],
+    "precisions": ["bf16"],
+    "steps": 4,
+    "warmup_steps": 1,
+}
 
 
 @pytest.fixture
@@ -37,13 +44,15 @@ def _fields(response) -> list[str]:
 
 
 def test_engines_expand_into_runs_with_engine_and_seed(client, pg_session_factory) -> None:
-    r = client.post("/experiments", json=BODY | {"engines": ["scalebench", "torchtitan", "command:megatron"],
-                                                 "seeds": [0, 1]})
+    r = client.post(
+        "/experiments", json=BODY | {"engines": ["scalebench", "torchtitan", "command:megatron"], "seeds": [0, 1]}
+    )
     assert r.status_code == 201, r.text
     runs = r.json()["runs"]
     assert len(runs) == 3 * 2 * 2
-    assert {(x["engine"], x["seed"]) for x in runs} == {(e, s) for e in ("scalebench", "torchtitan", "command:megatron")
-                                                        for s in (0, 1)}
+    assert {(x["engine"], x["seed"]) for x in runs} == {
+        (e, s) for e in ("scalebench", "torchtitan", "command:megatron") for s in (0, 1)
+    }
     with pg_session_factory() as s:
         stored = {(run.engine, run.seed) for run in s.query(Run).all()}
     assert stored == {(x["engine"], x["seed"]) for x in runs}
@@ -52,10 +61,13 @@ def test_engines_expand_into_runs_with_engine_and_seed(client, pg_session_factor
     assert "argv" not in str(clusters["gpu"])  # the operator's command line is not shown
 
 
-@pytest.mark.parametrize("engines, message", [
-    (["megatron"], "is not one of: scalebench, torchtitan, command:<name>"),
-    (["command:nemo"], "defines no command engine 'nemo'"),
-])
+@pytest.mark.parametrize(
+    "engines, message",
+    [
+        (["megatron"], "is not one of: scalebench, torchtitan, command:<name>"),
+        (["command:nemo"], "defines no command engine 'nemo'"),
+    ],
+)
 def test_unknown_or_missing_engine_is_a_422_naming_engines(client, engines, message) -> None:
     r = client.post("/experiments", json=BODY | {"engines": engines})
     assert r.status_code == 422, r.text
@@ -68,9 +80,15 @@ def test_torchtitan_on_a_cluster_without_it_is_refused_with_the_reason(client) -
     assert "does not offer engine torchtitan" in r.text and "pip install '.[torchtitan]'" in r.text
 
 
-@pytest.mark.parametrize("extra", [{"command": ["rm", "-rf", "/"]}, {"argv": ["sh", "-c", "id"]},
-                                   {"engines": ["command:megatron --evil"]},
-                                   {"engines": [{"argv": ["sh"]}]}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"command": ["rm", "-rf", "/"]},
+        {"argv": ["sh", "-c", "id"]},
+        {"engines": ["command:megatron --evil"]},
+        {"engines": [{"argv": ["sh"]}]},
+    ],
+)
 def test_a_request_cannot_carry_a_command(client, extra) -> None:
     r = client.post("/experiments", json=BODY | extra)
     assert r.status_code == 422, r.text

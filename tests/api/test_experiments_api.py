@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from db import runs as rq
+import db.runs
 from db.session import session_scope
 
-BODY = {"name": "scaling", "model": "debug", "gpu_counts": [1, 2, 4, 8], "precisions": ["bf16", "fp8-tensorwise"],
-        "layouts": ["fsdp", "tp=2+fsdp"], "steps": 4, "warmup_steps": 1, "tags": ["nightly"]}
+BODY = {
+    "name": "scaling",
+    "model": "debug",
+    "gpu_counts": [1, 2, 4, 8],
+    "precisions": ["bf16", "fp8-tensorwise"],
+    "layouts": ["fsdp", "tp=2+fsdp"],
+    "steps": 4,
+    "warmup_steps": 1,
+    "tags": ["nightly"],
+}
 PROBLEM = "application/problem+json"
 
 
@@ -32,8 +40,8 @@ def test_get_experiment_status_counts_progress(client, pg_session_factory):
     exp = client.post("/experiments", json=BODY).json()
     ids = [x["id"] for x in exp["runs"]]
     with session_scope(pg_session_factory) as s:
-        rq.claim_run(s, ids[0], "w", "h", 30)
-        rq.mark_failed(s, ids[1], "oom", "boom")
+        db.runs.claim_run(s, ids[0], "w", "h", 30)
+        db.runs.mark_failed(s, ids[1], "oom", "boom")
     r = client.get(f"/experiments/{exp['id']}")
     assert r.status_code == 200
     got = r.json()
@@ -129,7 +137,7 @@ def test_cancel_queued_and_running(client, pg_session_factory):
     exp = client.post("/experiments", json=BODY).json()
     ids = [x["id"] for x in exp["runs"]]
     with session_scope(pg_session_factory) as s:
-        rq.claim_run(s, ids[0], "w", "h", 30)
+        db.runs.claim_run(s, ids[0], "w", "h", 30)
     r = client.post(f"/experiments/{exp['id']}/cancel")
     assert r.status_code == 200
     assert r.json() == {"experiment_id": exp["id"], "num_cancelled": 9, "num_cancel_requested": 1, "status": "running"}

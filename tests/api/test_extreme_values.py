@@ -31,8 +31,13 @@ nic = "ib-400g"
 """
 BASE = {"model": "debug", "cluster": "h100-ib", "scaling": "weak", "seq_len": 256}
 COUNTS = (1, 2, 4)
-PROPS = settings(max_examples=12, deadline=None, derandomize=True, database=None,
-                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+PROPS = settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture
@@ -44,27 +49,40 @@ def api(make_client, test_settings, tmp_path):
 
 def _import(api, name: str, values: dict[tuple[str, int], float]) -> int | None:
     points = [{"num_devices": n, "precision": p, "layout": "fsdp", "tokens_per_sec": x} for (p, n), x in values.items()]
-    r = api.post("/experiments/import", content=json.dumps(BASE | {"name": name, "points": points}),
-                 headers={"content-type": "application/json"})
+    r = api.post(
+        "/experiments/import",
+        content=json.dumps(BASE | {"name": name, "points": points}),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code in (201, 422), r.text[:500]
     return r.json()["id"] if r.status_code == 201 else None
 
 
 def curve_paths(exp_id: int, other_id: int) -> list[str]:
-    return [f"/experiments/{exp_id}/scaling", f"/experiments/{exp_id}/scaling?format=csv",
-            f"/experiments/{exp_id}/scaling?baseline_num_devices=2", f"/experiments/{exp_id}/scaling.png",
-            f"/compare?experiments={exp_id},{other_id}", f"/compare?experiments={other_id},{exp_id}&format=csv",
-            f"/experiments/{exp_id}/losses", f"/experiments/{exp_id}/breakdown"]
+    return [
+        f"/experiments/{exp_id}/scaling",
+        f"/experiments/{exp_id}/scaling?format=csv",
+        f"/experiments/{exp_id}/scaling?baseline_num_devices=2",
+        f"/experiments/{exp_id}/scaling.png",
+        f"/compare?experiments={exp_id},{other_id}",
+        f"/compare?experiments={other_id},{exp_id}&format=csv",
+        f"/experiments/{exp_id}/losses",
+        f"/experiments/{exp_id}/breakdown",
+    ]
 
 
 def projection_paths(exp_id: int) -> list[str]:
-    return [f"/experiments/{exp_id}/projection?cluster=h100-ib&gpu_counts=8,32,1024",
-            f"/experiments/{exp_id}/plan?tokens=1e12&max_gpus=1024", f"/experiments/{exp_id}/plan?tokens=1&max_gpus=8"]
+    return [
+        f"/experiments/{exp_id}/projection?cluster=h100-ib&gpu_counts=8,32,1024",
+        f"/experiments/{exp_id}/plan?tokens=1e12&max_gpus=1024",
+        f"/experiments/{exp_id}/plan?tokens=1&max_gpus=8",
+    ]
 
 
 def _strict(text: str):
     def refuse(constant):
         raise AssertionError(f"non-standard JSON constant {constant}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -89,16 +107,24 @@ def reference(api) -> int:
 
 @pytest.mark.parametrize("scale", [1e155, 1e-160, 1e300, 1e-200])
 def test_the_outside_testers_imports_read_back_on_every_curve_endpoint(api, reference, scale) -> None:
-    exp = _import(api, f"at {scale:g}", {(p, n): scale * n * (1.0 if p == "bf16" else 1.2) * (1 - 0.02 * n)
-                                        for p in ("bf16", "fp8-tensorwise") for n in COUNTS})
+    exp = _import(
+        api,
+        f"at {scale:g}",
+        {
+            (p, n): scale * n * (1.0 if p == "bf16" else 1.2) * (1 - 0.02 * n)
+            for p in ("bf16", "fp8-tensorwise")
+            for n in COUNTS
+        },
+    )
     assert exp is not None
     reads = read_all(api, curve_paths(exp, reference))
     scaling = reads[f"/experiments/{exp}/scaling"]
     for s in scaling["series"]:
         for fit in (s["amdahl"], s["usl"]):  # scale-free: fitted at any scale, X1 in the data's own units
             assert fit["fitted"], fit
-        assert s["amdahl"]["tokens_per_sec_one_device"] == pytest.approx(scale * 1.0 * (1.2 if "fp8" in
-                                                                         s["key"]["precision"] else 1.0), rel=0.05)
+        assert s["amdahl"]["tokens_per_sec_one_device"] == pytest.approx(
+            scale * 1.0 * (1.2 if "fp8" in s["key"]["precision"] else 1.0), rel=0.05
+        )
     assert {round(sp["speedup"], 6) for sp in scaling["speedups"]} == {1.2}
     csv_rows = reads[f"/experiments/{exp}/scaling?format=csv"]
     assert {round(float(r["fp8_speedup"]), 6) for r in csv_rows if r["precision"] != "bf16"} == {1.2}
@@ -106,8 +132,15 @@ def test_the_outside_testers_imports_read_back_on_every_curve_endpoint(api, refe
 
 @pytest.mark.parametrize("scale", [1e155, 1e-160, 1e300])
 def test_the_outside_testers_imports_project_and_plan_without_a_5xx(api, scale) -> None:
-    exp = _import(api, f"at {scale:g}", {(p, n): scale * n * (1.0 if p == "bf16" else 1.2) * (1 - 0.02 * n)
-                                        for p in ("bf16", "fp8-tensorwise") for n in COUNTS})
+    exp = _import(
+        api,
+        f"at {scale:g}",
+        {
+            (p, n): scale * n * (1.0 if p == "bf16" else 1.2) * (1 - 0.02 * n)
+            for p in ("bf16", "fp8-tensorwise")
+            for n in COUNTS
+        },
+    )
     assert exp is not None
     read_all(api, projection_paths(exp))
 
@@ -122,9 +155,10 @@ def test_a_fit_that_cannot_be_made_is_refused_with_its_reason(api, reference) ->
         assert not fit["fitted"] and "spans more than" in fit["reason"], fit
 
 
-finite_positive = st.one_of(st.sampled_from([sys.float_info.max, 1e308, 1e155, 1e-160, 1e-300, sys.float_info.min,
-                                             5e-324]),
-                            st.floats(min_value=5e-324, max_value=sys.float_info.max))
+finite_positive = st.one_of(
+    st.sampled_from([sys.float_info.max, 1e308, 1e155, 1e-160, 1e-300, sys.float_info.min, 5e-324]),
+    st.floats(min_value=5e-324, max_value=sys.float_info.max),
+)
 
 
 @PROPS

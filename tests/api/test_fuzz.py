@@ -26,8 +26,9 @@ MAX_RESPONSE_S = 5.0
 _settings = Settings(database_url=TEST_DATABASE_URL, broker_url=TEST_REDIS_URL)
 APP = create_app(_settings)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
-schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
-                                max_examples=MAX_EXAMPLES, allow_x00=True, no_shrink=False)
+schema.config.generation.update(
+    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=MAX_EXAMPLES, allow_x00=True, no_shrink=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +65,17 @@ FLOAT_EDGES = [sys.float_info.max, 1e308, 1e300, 1e155, 1e-160, 1e-300, sys.floa
 extreme = st.one_of(st.sampled_from(FLOAT_EDGES), st.floats(min_value=5e-324, max_value=sys.float_info.max))
 IMPORT_COUNTS = (1, 2, 4)
 extreme_imports = st.lists(extreme, min_size=2 * len(IMPORT_COUNTS), max_size=2 * len(IMPORT_COUNTS)).map(
-    lambda xs: {"name": "fuzz import", "model": "debug", "cluster": "local-cpu", "seq_len": 256, "points": [
-        {"num_devices": n, "precision": p, "layout": "fsdp", "tokens_per_sec": x}
-        for (p, n), x in zip([(p, n) for p in ("bf16", "fp8-tensorwise") for n in IMPORT_COUNTS], xs)]})
+    lambda xs: {
+        "name": "fuzz import",
+        "model": "debug",
+        "cluster": "local-cpu",
+        "seq_len": 256,
+        "points": [
+            {"num_devices": n, "precision": p, "layout": "fsdp", "tokens_per_sec": x}
+            for (p, n), x in zip([(p, n) for p in ("bf16", "fp8-tensorwise") for n in IMPORT_COUNTS], xs)
+        ],
+    }
+)
 QUERY_FILL = {"experiments": "{id},{id}", "tokens": "1e12", "max_gpus": "1024"}
 
 
@@ -99,8 +108,9 @@ def import_token(live_app) -> str:
 
 
 @given(body=extreme_imports)
-@settings(deadline=None, suppress_health_check=list(HealthCheck), max_examples=MAX_EXAMPLES, derandomize=True,
-          database=None)
+@settings(
+    deadline=None, suppress_health_check=list(HealthCheck), max_examples=MAX_EXAMPLES, derandomize=True, database=None
+)
 def test_extreme_imports_read_back_on_every_curve_endpoint(body, import_token):
     """Throughput from the subnormals to the float maximum at three GPU counts: the import answers 201 or 422,
     and every curve read of what it stored answers without a 5xx."""

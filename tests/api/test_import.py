@@ -20,27 +20,46 @@ from __future__ import annotations
 
 import pytest
 
-from core.shapes import get_shape
+from core.catalog.shapes import get_shape
 
 TORCHTITAN_TPS_PER_GPU = {  # (technique, N) -> (TPS/GPU, memory GiB)
-    ("eager", 8): (5762, 82.4), ("eager", 128): (5605, 67.0),
-    ("compile", 8): (6667, 77.0), ("compile", 128): (6514, 62.0),
-    ("float8", 8): (8532, 76.8), ("float8", 128): (8380, 61.8),
+    ("eager", 8): (5762, 82.4),
+    ("eager", 128): (5605, 67.0),
+    ("compile", 8): (6667, 77.0),
+    ("compile", 128): (6514, 62.0),
+    ("float8", 8): (8532, 76.8),
+    ("float8", 128): (8380, 61.8),
 }
 DEVICE = "NVIDIA H100 (96GB HBM2e, 500W)"
 
 
 def _point(technique: str, n: int, precision: str) -> dict:
     tps, mem = TORCHTITAN_TPS_PER_GPU[(technique, n)]
-    return {"num_devices": n, "precision": precision, "layout": "fsdp", "tokens_per_sec_per_device": tps,
-            "peak_memory_gib": mem, "environment": {"torch_version": "2.6.0a0+git1963fc8",
-                                                    "torchao_version": "0.8.0+giteab345c"}}
+    return {
+        "num_devices": n,
+        "precision": precision,
+        "layout": "fsdp",
+        "tokens_per_sec_per_device": tps,
+        "peak_memory_gib": mem,
+        "environment": {"torch_version": "2.6.0a0+git1963fc8", "torchao_version": "0.8.0+giteab345c"},
+    }
 
 
 def _import(client, name: str, points: list[dict], compile: bool) -> dict:
-    body = {"name": name, "model": "8b", "cluster": "grand-teton-h100", "vendor": "nvidia", "device_name": DEVICE,
-            "scaling": "weak", "seq_len": 8192, "local_batch_size": 2, "compile": compile,
-            "activation_checkpointing": "full", "tags": ["torchtitan-docs"], "points": points}
+    body = {
+        "name": name,
+        "model": "8b",
+        "cluster": "grand-teton-h100",
+        "vendor": "nvidia",
+        "device_name": DEVICE,
+        "scaling": "weak",
+        "seq_len": 8192,
+        "local_batch_size": 2,
+        "compile": compile,
+        "activation_checkpointing": "full",
+        "tags": ["torchtitan-docs"],
+        "points": points,
+    }
     r = client.post("/experiments/import", json=body)
     assert r.status_code == 201, r.text
     return r.json()
@@ -48,9 +67,12 @@ def _import(client, name: str, points: list[dict], compile: bool) -> dict:
 
 def test_torchtitan_published_table_reproduces_efficiency_and_speedup(client) -> None:
     eager = _import(client, "torchtitan FSDP eager", [_point("eager", n, "bf16") for n in (8, 128)], False)
-    compiled = _import(client, "torchtitan FSDP compile (+Float8)",
-                       [_point(t, n, p) for t, p in (("compile", "bf16"), ("float8", "fp8-tensorwise"))
-                        for n in (8, 128)], True)
+    compiled = _import(
+        client,
+        "torchtitan FSDP compile (+Float8)",
+        [_point(t, n, p) for t, p in (("compile", "bf16"), ("float8", "fp8-tensorwise")) for n in (8, 128)],
+        True,
+    )
     assert eager["source"] == compiled["source"] == "import" and compiled["status"] == "succeeded"
     assert r_ok(client.get(f"/runs/{eager['runs'][0]['id']}"))["imported"] is True
 
@@ -65,8 +87,13 @@ def test_torchtitan_published_table_reproduces_efficiency_and_speedup(client) ->
     assert speedups == pytest.approx({8: 8532 / 6667, 128: 8380 / 6514}, abs=1e-4)
 
     # MFU: the H100 is in the peak table (989 dense bf16 TFLOP/s, 1979 fp8), FLOPs/token by the PaLM formula
-    fp8_128 = next(p for s in rep["series"] if s["key"]["precision"] == "fp8-tensorwise" for p in s["points"]
-                   if p["num_devices"] == 128)
+    fp8_128 = next(
+        p
+        for s in rep["series"]
+        if s["key"]["precision"] == "fp8-tensorwise"
+        for p in s["points"]
+        if p["num_devices"] == 128
+    )
     tflops = get_shape("8b").flops_per_token(8192) * 8380 / 1e12
     assert fp8_128["mfu_vs_bf16_peak"] == pytest.approx(tflops / 989.0)
     assert fp8_128["mfu_vs_precision_peak"] == pytest.approx(tflops / 1979.0)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from api.plots import render_scaling_png
-from core.scaling import RunPoint, build_report
+from core.analysis.scaling import RunPoint, build_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -20,8 +20,9 @@ def _report(with_failure=True):
                 for rep in range(2):
                     i += 1
                     x = 1000.0 * n * speed * eff ** (n // 8) * (1 + 0.02 * rep)
-                    runs.append(RunPoint(i, "8b", 16, precision, layout, "weak", "h200", n, "succeeded",
-                                         tokens_per_sec=x))
+                    runs.append(
+                        RunPoint(i, "8b", 16, precision, layout, "weak", "h200", n, "succeeded", tokens_per_sec=x)
+                    )
     if with_failure:
         runs.append(RunPoint("f", "8b", 16, "bf16", "fsdp", "weak", "h200", 128, "failed"))
     return build_report(runs)

@@ -16,8 +16,14 @@ import sqlalchemy as sa
 
 from db.models import Run
 
-TORCHTITAN = {("eager", 8): 5762, ("eager", 128): 5605, ("compile", 8): 6667, ("compile", 128): 6514,
-              ("float8", 8): 8532, ("float8", 128): 8380}
+TORCHTITAN = {
+    ("eager", 8): 5762,
+    ("eager", 128): 5605,
+    ("compile", 8): 6667,
+    ("compile", 128): 6514,
+    ("float8", 8): 8532,
+    ("float8", 128): 8380,
+}
 PUBLISHED_E128 = {"eager": 97.28, "compile": 97.71, "float8": 98.22}
 CLUSTERS_TOML = """
 [[cluster]]
@@ -48,12 +54,28 @@ def api(make_client, test_settings, tmp_path):
 
 
 def _import(api, name: str, techniques: list[tuple[str, str]], compile: bool, counts=(8, 128)) -> int:
-    points = [{"num_devices": n, "precision": precision, "layout": "fsdp",
-               "tokens_per_sec_per_device": TORCHTITAN[(technique, n)]}
-              for technique, precision in techniques for n in counts]
-    body = {"name": name, "model": "8b", "cluster": "grand-teton-h100", "scaling": "weak", "seq_len": 8192,
-            "local_batch_size": 2, "compile": compile, "activation_checkpointing": "full",
-            "fp8_all_gather": True, "points": points}
+    points = [
+        {
+            "num_devices": n,
+            "precision": precision,
+            "layout": "fsdp",
+            "tokens_per_sec_per_device": TORCHTITAN[(technique, n)],
+        }
+        for technique, precision in techniques
+        for n in counts
+    ]
+    body = {
+        "name": name,
+        "model": "8b",
+        "cluster": "grand-teton-h100",
+        "scaling": "weak",
+        "seq_len": 8192,
+        "local_batch_size": 2,
+        "compile": compile,
+        "activation_checkpointing": "full",
+        "fp8_all_gather": True,
+        "points": points,
+    }
     r = api.post("/experiments/import", json=body)
     assert r.status_code == 201, r.text
     return r.json()["id"]
@@ -103,18 +125,20 @@ def test_projection_csv_and_etag(api) -> None:
     r = api.get(f"/experiments/{exp}/projection?cluster=grand-teton-h100&gpu_counts=64&format=csv")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     header, *rows = r.text.strip().split("\n")
-    assert header.startswith("engine,model,num_layers,precision,layout,scaling,cluster,num_devices,status,"
-                             "tokens_per_sec")
+    assert header.startswith(
+        "engine,model,num_layers,precision,layout,scaling,cluster,num_devices,status,tokens_per_sec"
+    )
     assert [row.split(",")[7] for row in rows] == ["8", "64", "128"] and all(",projected," in row for row in rows)
-    again = api.get(f"/experiments/{exp}/projection?cluster=grand-teton-h100&gpu_counts=64&format=csv",
-                    headers={"If-None-Match": r.headers["ETag"]})
+    again = api.get(
+        f"/experiments/{exp}/projection?cluster=grand-teton-h100&gpu_counts=64&format=csv",
+        headers={"If-None-Match": r.headers["ETag"]},
+    )
     assert again.status_code == 304
 
 
 def test_plan_for_a_token_budget(api) -> None:
     exp = _import(api, "plan", [("compile", "bf16"), ("float8", "fp8-tensorwise")], True)
-    plan = _ok(api.get(f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&cluster=grand-teton-h100"
-                       "&gpu_hour_cost=2.5"))
+    plan = _ok(api.get(f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&cluster=grand-teton-h100&gpu_hour_cost=2.5"))
     assert plan["tokens"] == 1e12 and plan["gpu_counts"] == [8, 16, 32, 64, 128, 256, 512, 1024]
     rows = {r["num_devices"]: r for r in plan["rows"]}
     assert {o["source"] for o in rows[128]["options"]} == {"measured"}
@@ -142,8 +166,10 @@ def test_bad_parameters_are_422_naming_the_parameter(api) -> None:
         assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json"), r.text
         return {e["field"]: e for e in r.json()["errors"]}
 
-    assert "e.g. 8,64,512,1024" in problem(f"/experiments/{exp}/projection?gpu_counts=8,x")[
-        "query.gpu_counts"]["allowed"][0]
+    assert (
+        "e.g. 8,64,512,1024"
+        in problem(f"/experiments/{exp}/projection?gpu_counts=8,x")["query.gpu_counts"]["allowed"][0]
+    )
     assert "query.gpu_counts" in problem(f"/experiments/{exp}/projection?gpu_counts=0")
     unknown = problem(f"/experiments/{exp}/projection?cluster=nowhere")["query.cluster"]
     assert "grand-teton-h100" in unknown["allowed"] and "local-cpu" not in unknown["allowed"]
@@ -158,14 +184,21 @@ def test_network_inferred_or_refused(api) -> None:
     exp = _import(api, "infer", [("compile", "bf16")], True)
     body = _ok(api.get(f"/experiments/{exp}/projection?cluster=h100-no-network&gpu_counts=16"))
     assert body["network"]["source"].startswith("assumed: h100-hgx + ib-400g")
-    cpu = api.post("/experiments/import", json={
-        "name": "cpu", "model": "debug", "cluster": "local-cpu", "seq_len": 256,
-        "points": [{"num_devices": n, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0 * n}
-                   for n in (1, 2)]}).json()["id"]
+    cpu = api.post(
+        "/experiments/import",
+        json={
+            "name": "cpu",
+            "model": "debug",
+            "cluster": "local-cpu",
+            "seq_len": 256,
+            "points": [
+                {"num_devices": n, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0 * n} for n in (1, 2)
+            ],
+        },
+    ).json()["id"]
     refused = api.get(f"/experiments/{cpu}/projection")
     assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "query.cluster"
-    onto = _points(_ok(api.get(f"/experiments/{cpu}/projection?cluster=grand-teton-h100&gpu_counts=1,2,16")),
-                   "bf16")
+    onto = _points(_ok(api.get(f"/experiments/{cpu}/projection?cluster=grand-teton-h100&gpu_counts=1,2,16")), "bf16")
     assert onto[1]["communication_ms"] == 0 and onto[16]["communication_ms"] > 0
 
 
@@ -173,8 +206,12 @@ def test_step_breakdown_sets_the_compute_share(api, pg_session_factory) -> None:
     exp = _import(api, "breakdown", [("compile", "bf16")], True)
     step_ms = 2 * 8192 / 6667 * 1e3
     profiled = 1.1 * step_ms  # profiled steps run slower; the breakdown's shares apply to the measured step
-    breakdown = {"step_ms": profiled, "exposed_communication_ms": 0.1 * profiled, "idle_ms": 0.05 * profiled,
-                 "optimizer_ms": 22.0}
+    breakdown = {
+        "step_ms": profiled,
+        "exposed_communication_ms": 0.1 * profiled,
+        "idle_ms": 0.05 * profiled,
+        "optimizer_ms": 22.0,
+    }
     with pg_session_factory() as s:
         for run in s.scalars(sa.select(Run).where(Run.experiment_id == exp, Run.num_devices == 8)):
             run.result = {**run.result, "breakdown": {"median": breakdown}}

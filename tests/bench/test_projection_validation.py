@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from core import network, projection
+from core.projection import model as projection
+from core.projection import network
 
 REPO = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("projection_validation", REPO / "bench" / "projection_validation.py")
@@ -20,8 +21,22 @@ pv = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = pv  # its dataclasses look their module up
 spec.loader.exec_module(pv)
 RESULT = REPO / "bench" / "results" / "2026-12-04-projection-validation.json"
-ROW_FIELDS = ("id", "citation", "date", "hardware", "network", "model", "layout", "precision", "batch", "seq_len",
-              "scaling", "metric", "points", "projection")
+ROW_FIELDS = (
+    "id",
+    "citation",
+    "date",
+    "hardware",
+    "network",
+    "model",
+    "layout",
+    "precision",
+    "batch",
+    "seq_len",
+    "scaling",
+    "metric",
+    "points",
+    "projection",
+)
 
 
 def test_the_published_set_covers_sources_vendors_layouts_and_scale():
@@ -42,8 +57,12 @@ def test_the_published_set_covers_sources_vendors_layouts_and_scale():
 
 def test_a_series_projects_from_its_smallest_n_and_misses_are_in_points():
     (tt,) = [s for s in pv.load_published() if s.id == "torchtitan-h100-8b-fsdp-float8"]
-    constants = {"collective_units": 0.0, "device_speed_cv": 0.0, "intra_node_efficiency": 1.0,
-                 "inter_node_efficiency": 1.0}
+    constants = {
+        "collective_units": 0.0,
+        "device_speed_cv": 0.0,
+        "intra_node_efficiency": 1.0,
+        "inter_node_efficiency": 1.0,
+    }
     proj = pv.project(tt, constants)
     assert pv.network_for(tt, constants).straggler_tail == "exponential"  # the form unless a variant says normal
     assert pv.network_for(tt, constants | {"straggler_tail_exponential": 0.0}).straggler_tail == "normal"
@@ -56,21 +75,29 @@ def test_published_units_become_tokens_per_gpu_and_a_pipeline_pays_its_bubble():
     by_id = {s.id: s for s in pv.load_published()}
     lumi, mi250 = by_id["lumi-mi250x-175b-tp8-pp8-bf16-strong"], by_id["databricks-mi250-mpt7b-fsdp-strong"]
     assert lumi.points[128] == pytest.approx(2.954 * 2048 / 128)  # global samples/s x seq len / N
-    mpt7b = pv.ModelShape(**json.loads((REPO / "bench/published/databricks-mi250-2023-10.json").read_text())
-                          ["series"][0]["projection"]["shape"])
+    mpt7b = pv.ModelShape(
+        **json.loads((REPO / "bench/published/databricks-mi250-2023-10.json").read_text())["series"][0]["projection"][
+            "shape"
+        ]
+    )
     assert mi250.points[4] == pytest.approx(166e12 / mpt7b.flops_per_token(2048))  # TFLOP/s per GPU / FLOPs per token
     assert lumi.workload.model_shape().num_layers == 9  # one pipeline stage of the 70-layer model
     # 1F1B: 1 + (PP - 1) / micro-batches; GBS 1024, micro-batch 2, DP = N / 64
     assert lumi.bubble(128) == pytest.approx(1 + 7 / 256) and lumi.bubble(2048) == pytest.approx(1 + 7 / 16)
     assert mi250.bubble(128) == 1.0 and by_id["dgxc-h100-405b-bf16"].bubble(2304) == 1.0  # no micro-batch given
-    constants = {"collective_units": 0.0, "device_speed_cv": 0.0, "intra_node_efficiency": 1.0,
-                 "inter_node_efficiency": 1.0}
+    constants = {
+        "collective_units": 0.0,
+        "device_speed_cv": 0.0,
+        "intra_node_efficiency": 1.0,
+        "inter_node_efficiency": 1.0,
+    }
     assert pv.project(lumi, constants)[2048] < (1 + 7 / 256) / (1 + 7 / 16) + 1e-9  # at most the bubble's loss left
 
 
 def test_the_interval_is_a_conformal_quantile_of_per_source_scores():
-    rows = [{"source": "a", "miss_pp": m, "doublings": 2.0} for m in (1.0, 2.0, 3.0, 4.0, 5.0)] + \
-        [{"source": "b", "miss_pp": -0.4, "doublings": 1.0}]
+    rows = [{"source": "a", "miss_pp": m, "doublings": 2.0} for m in (1.0, 2.0, 3.0, 4.0, 5.0)] + [
+        {"source": "b", "miss_pp": -0.4, "doublings": 1.0}
+    ]
     scores = pv.source_scores(rows)
     assert scores == {"a": 4.2 / 2, "b": 0.4}  # |miss| / doublings, 80th percentile within the source
     assert pv.conformal_quantile([0.1, 0.2, 0.3, 0.4]) == 0.4  # ceil(0.8 x 5) = 4th of 4

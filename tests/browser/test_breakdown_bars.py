@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from core.breakdown import PARTITION
+from core.analysis.breakdown import PARTITION
 from db.session import session_scope
 from tests.api.test_breakdown import record_profiled
 from tests.browser.test_dashboard import ARTIFACTS, POLL_MS, browser_page, server  # noqa: F401 - fixtures

@@ -23,8 +23,16 @@ from tests.live_server import live_server
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 POLL_MS = 400
 
 
@@ -54,8 +62,9 @@ def _live_experiment(factory) -> tuple[int, dict[tuple[str, int], int]]:
     """debug model, bf16 + fp8-tensorwise at N = 1, 2, 4: four succeeded, bf16 N=4 failed, fp8 N=4 queued."""
     with session_scope(factory) as s:
         exp_id, _ = add_experiment(s, name="live fp8 scaling")
-        rows = s.execute(sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"),
-                         {"e": exp_id}).all()
+        rows = s.execute(
+            sa.text("SELECT id, run_key, precision, num_devices FROM runs WHERE experiment_id = :e"), {"e": exp_id}
+        ).all()
         ids = {}
         for run_id, key, precision, n in rows:
             ids[(precision, n)] = run_id
@@ -72,13 +81,22 @@ def _live_experiment(factory) -> tuple[int, dict[tuple[str, int], int]]:
 
 def _import_published(base: str, token: str) -> list[int]:
     out = []
-    for name, techniques, compile in (("torchtitan FSDP eager (H100)", [("eager", "bf16")], False),
-                                      ("torchtitan FSDP compile + Float8 (H100)",
-                                       [("compile", "bf16"), ("float8", "fp8-tensorwise")], True)):
-        body = {"name": name, "model": "8b", "cluster": "grand-teton-h100", "vendor": "nvidia",
-                "device_name": "NVIDIA H100 (96GB HBM2e, 500W)", "scaling": "weak", "seq_len": 8192,
-                "local_batch_size": 2, "compile": compile,
-                "points": [_point(t, n, p) for t, p in techniques for n in (8, 128)]}
+    for name, techniques, compile in (
+        ("torchtitan FSDP eager (H100)", [("eager", "bf16")], False),
+        ("torchtitan FSDP compile + Float8 (H100)", [("compile", "bf16"), ("float8", "fp8-tensorwise")], True),
+    ):
+        body = {
+            "name": name,
+            "model": "8b",
+            "cluster": "grand-teton-h100",
+            "vendor": "nvidia",
+            "device_name": "NVIDIA H100 (96GB HBM2e, 500W)",
+            "scaling": "weak",
+            "seq_len": 8192,
+            "local_batch_size": 2,
+            "compile": compile,
+            "points": [_point(t, n, p) for t, p in techniques for n in (8, 128)],
+        }
         r = httpx.post(f"{base}/experiments/import", json=body, headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 201, r.text
         out.append(r.json()["id"])
@@ -110,8 +128,9 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
     assert _attr(page, "#chart-loss", "data-points") == "100"  # N=2: two curves of 50 steps
     fp8_run = f"#run-{run_ids[('fp8-tensorwise', 4)]}"
     assert _attr(page, fp8_run, "data-status") == "queued"
-    legend = page.evaluate("Chart.getChart(document.querySelector('#chart-throughput canvas'))"
-                           ".data.datasets.map(d => d.label)")
+    legend = page.evaluate(
+        "Chart.getChart(document.querySelector('#chart-throughput canvas')).data.datasets.map(d => d.label)"
+    )
     assert "bf16 · fsdp" in legend and "fp8-tensorwise · fsdp" in legend and "failed run (no value)" in legend
 
     # the page keeps polling; unchanged answers are 304s and change nothing
@@ -145,7 +164,7 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
     assert _attr(page, "#chart-throughput", "data-projected-bands") == "2"  # bf16 and fp8-tensorwise
     drawn = page.evaluate("""Chart.getChart(document.querySelector('#chart-efficiency canvas')).data.datasets
         .filter(d => d._projected).map(d => ({band: !!d._band, label: d.label, data: d.data.map(p => [p.x, p.y])}))""")
-    for low, high, line in (drawn[i:i + 3] for i in range(0, len(drawn), 3)):
+    for low, high, line in (drawn[i : i + 3] for i in range(0, len(drawn), 3)):
         assert low["band"] and high["band"] and not line["band"] and "(projected)" in line["label"]
         assert low["data"][0] == high["data"][0] == line["data"][0]  # anchored at the last measured point
         assert low["data"][0][0] == 128
@@ -154,8 +173,9 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
             assert x_lo == x_hi == x and y_lo <= y <= y_hi
             widths.append(y_hi - y_lo)
         assert widths[0] == 0 and all(b > a for a, b in zip(widths, widths[1:], strict=False))
-    legend = page.evaluate("Chart.getChart(document.querySelector('#chart-efficiency canvas'))"
-                           ".legend.legendItems.map(i => i.text)")
+    legend = page.evaluate(
+        "Chart.getChart(document.querySelector('#chart-efficiency canvas')).legend.legendItems.map(i => i.text)"
+    )
     assert not any("80% interval" in text for text in legend)  # the bands stay out of the legend
     page.locator("#chart-efficiency").screenshot(path=str(ARTIFACTS / "dashboard-projection-band.png"))
     assert not errors, errors

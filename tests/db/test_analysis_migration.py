@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from db import analysis as aq
+import db.points
 from db.models import Run, RunLossCurve, RunSummary
 from db.session import make_engine, make_session_factory
 
@@ -56,20 +56,54 @@ def _seed_before(url: str) -> list[int]:
     t = meta.tables
     now = sa.func.current_timestamp()
     with engine.begin() as conn:
-        exp_id = conn.execute(t["experiments"].insert().values(
-            name="old", cluster="local-cpu", spec={}, tags=[], source="api", created_at=now
-        ).returning(t["experiments"].c.id)).scalar_one()
+        exp_id = conn.execute(
+            t["experiments"]
+            .insert()
+            .values(name="old", cluster="local-cpu", spec={}, tags=[], source="api", created_at=now)
+            .returning(t["experiments"].c.id)
+        ).scalar_one()
         ids = []
         for i, (model, layers, scaling) in enumerate([("8b", 4, "weak"), ("debug", 2, "strong"), ("1b", 16, "weak")]):
-            ids.append(conn.execute(t["runs"].insert().values(
-                experiment_id=exp_id, run_key=f"k{i}", precision="bf16", layout="fsdp", num_devices=1, repeat=0,
-                cluster="local-cpu", queue="q", status="succeeded", cancel_requested=False, attempts=1,
-                created_at=now, imported=False, spec={"model": model, "num_layers": layers, "scaling": scaling},
-                result={"numerics": {"final_loss": 2.5 + i}},
-            ).returning(t["runs"].c.id)).scalar_one())
-        conn.execute(t["run_summaries"].insert().values(
-            run_id=ids[0], num_timed_steps=1, tokens_per_step=1, tokens_per_sec=1.0, tokens_per_sec_per_device=1.0,
-            step_ms_median=1.0, step_ms_min=1.0, step_ms_max=1.0, flops_per_token=1, tflops_per_device=1.0))
+            ids.append(
+                conn.execute(
+                    t["runs"]
+                    .insert()
+                    .values(
+                        experiment_id=exp_id,
+                        run_key=f"k{i}",
+                        precision="bf16",
+                        layout="fsdp",
+                        num_devices=1,
+                        repeat=0,
+                        cluster="local-cpu",
+                        queue="q",
+                        status="succeeded",
+                        cancel_requested=False,
+                        attempts=1,
+                        created_at=now,
+                        imported=False,
+                        spec={"model": model, "num_layers": layers, "scaling": scaling},
+                        result={"numerics": {"final_loss": 2.5 + i}},
+                    )
+                    .returning(t["runs"].c.id)
+                ).scalar_one()
+            )
+        conn.execute(
+            t["run_summaries"]
+            .insert()
+            .values(
+                run_id=ids[0],
+                num_timed_steps=1,
+                tokens_per_step=1,
+                tokens_per_sec=1.0,
+                tokens_per_sec_per_device=1.0,
+                step_ms_median=1.0,
+                step_ms_min=1.0,
+                step_ms_max=1.0,
+                flops_per_token=1,
+                tflops_per_device=1.0,
+            )
+        )
         rows = [dict(run_id=ids[0], step=s, loss=v) for s, v in _losses(2500)]
         rows += [dict(run_id=ids[1], step=s, loss=None if s == 3 else v) for s, v in _losses(5)]
         conn.execute(t["step_metrics"].insert(), [r | dict(tokens=0, warmup=False) for r in rows])
@@ -89,16 +123,19 @@ def test_upgrade_backfills_series_columns_final_loss_and_curves(empty_url) -> No
             assert [tuple(c) for c in cols] == [("8b", 4, "weak"), ("debug", 2, "strong"), ("1b", 16, "weak")]
             assert s.scalar(sa.select(RunSummary.final_loss)) == 2.5
             assert s.scalar(sa.select(sa.func.count()).select_from(RunSummary)) == 1
-            migrated = {c.run_id: (c.num_steps, c.stride, c.steps_i64, c.losses_f64)
-                        for c in s.scalars(sa.select(RunLossCurve))}
+            migrated = {
+                c.run_id: (c.num_steps, c.stride, c.steps_i64, c.losses_f64) for c in s.scalars(sa.select(RunLossCurve))
+            }
             assert set(migrated) == {ids[0], ids[1]} and migrated[ids[0]][:2] == (2500, 2)
             assert migrated[ids[1]][:2] == (4, 1)  # the step without a loss is left out
             # what record_result stores for the same points, byte for byte
-            aq.store_loss_curve(s, ids[0], _losses(2500))
-            aq.store_loss_curve(s, ids[1], [p for p in _losses(5) if p[0] != 3])
+            db.points.store_loss_curve(s, ids[0], _losses(2500))
+            db.points.store_loss_curve(s, ids[1], [p for p in _losses(5) if p[0] != 3])
             s.flush()
-            stored = {c.run_id: (c.num_steps, c.stride, c.steps_i64, c.losses_f64)
-                      for c in s.scalars(sa.select(RunLossCurve).execution_options(populate_existing=True))}
+            stored = {
+                c.run_id: (c.num_steps, c.stride, c.steps_i64, c.losses_f64)
+                for c in s.scalars(sa.select(RunLossCurve).execution_options(populate_existing=True))
+            }
             assert stored == migrated
             s.rollback()
     finally:
@@ -106,7 +143,9 @@ def test_upgrade_backfills_series_columns_final_loss_and_curves(empty_url) -> No
     command.downgrade(_config(empty_url), BEFORE)  # and back, every row kept (no table copy cascading)
     engine = sa.create_engine(empty_url)
     with engine.connect() as conn:
-        counts = [conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar()
-                  for t in ("runs", "run_summaries", "step_metrics")]
+        counts = [
+            conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar()
+            for t in ("runs", "run_summaries", "step_metrics")
+        ]
     engine.dispose()
     assert tuple(counts) == (3, 1, 2505)

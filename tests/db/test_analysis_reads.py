@@ -9,11 +9,11 @@ import statistics
 import pytest
 import sqlalchemy as sa
 
-import core.scaling
-from core.matrix import expand
-from core.scaling import build_report, build_report_from_points
-from core.specs import RunResult
-from db import analysis as aq
+import core.analysis.scaling
+import db.points
+from core.analysis.scaling import build_report, build_report_from_points
+from core.contracts.matrix import expand
+from core.contracts.specs import RunResult
 from db.imports import record_imported, store_results
 from db.models import Run, RunLossCurve
 from db.runs import claim_run, mark_cancelled, mark_failed, record_result
@@ -24,16 +24,27 @@ from tests.db.helpers import add_experiment, make_spec
 def _result(key: str, rng: random.Random, n: int, num_steps: int = 6, *, final_loss: bool = True) -> RunResult:
     """A succeeded result with full-precision random values (so that a median off by one ulp would show)."""
     tps = rng.uniform(900, 1100) * n
-    steps = [{"step": i, "loss": 6.0 - 0.1 * i + rng.random() / 7, "step_ms": 100.0, "tokens": 512}
-             for i in range(num_steps)]
-    summary = dict(num_timed_steps=num_steps, tokens_per_step=512, tokens_per_sec=tps,
-                   tokens_per_sec_per_device=tps / n,
-                   step_ms_median=rng.uniform(90, 110), step_ms_min=80.0, step_ms_max=120.0, flops_per_token=1000,
-                   tflops_per_device=0.1, mfu_vs_bf16_peak=rng.choice([None, rng.random()]),
-                   mfu_vs_precision_peak=rng.random(), peak_memory_allocated_gib=rng.uniform(1, 2) * n)
+    steps = [
+        {"step": i, "loss": 6.0 - 0.1 * i + rng.random() / 7, "step_ms": 100.0, "tokens": 512} for i in range(num_steps)
+    ]
+    summary = dict(
+        num_timed_steps=num_steps,
+        tokens_per_step=512,
+        tokens_per_sec=tps,
+        tokens_per_sec_per_device=tps / n,
+        step_ms_median=rng.uniform(90, 110),
+        step_ms_min=80.0,
+        step_ms_max=120.0,
+        flops_per_token=1000,
+        tflops_per_device=0.1,
+        mfu_vs_bf16_peak=rng.choice([None, rng.random()]),
+        mfu_vs_precision_peak=rng.random(),
+        peak_memory_allocated_gib=rng.uniform(1, 2) * n,
+    )
     numerics = {"final_loss": steps[-1]["loss"]} if final_loss else {}
-    return RunResult.model_validate({"run_key": key, "status": "succeeded", "steps": steps, "summary": summary,
-                                     "numerics": numerics})
+    return RunResult.model_validate(
+        {"run_key": key, "status": "succeeded", "steps": steps, "summary": summary, "numerics": numerics}
+    )
 
 
 def _seed(factory, seed: int = 0) -> tuple[int, dict]:
@@ -45,8 +56,11 @@ def _seed(factory, seed: int = 0) -> tuple[int, dict]:
         exp_id, run_ids = add_experiment(s, layouts=["fsdp", "ddp"], repeats=5)
     xs: dict[tuple, list[float]] = {}
     with session_scope(factory) as s:
-        rows = s.execute(sa.select(Run.id, Run.run_key, Run.precision, Run.layout, Run.num_devices)
-                         .where(Run.experiment_id == exp_id)).all()
+        rows = s.execute(
+            sa.select(Run.id, Run.run_key, Run.precision, Run.layout, Run.num_devices).where(
+                Run.experiment_id == exp_id
+            )
+        ).all()
         for run_id, key, precision, layout, n in rows:
             fate = rng.choice(["ok"] * 6 + ["failed", "cancelled", "queued", "running", "no_loss"])
             if fate == "queued":
@@ -68,16 +82,16 @@ def _both(session, experiment_ids: list[int], **kw) -> tuple[list[str], list[str
     """The reports of the per-run path (build_report over load_run_points, as the API built them before)
     and of the aggregated path, as JSON, fits computed afresh for each."""
     old, new = [], []
-    per_run = aq.load_run_points_many(session, experiment_ids)
+    per_run = db.points.load_run_points_many(session, experiment_ids)
     known: dict = {}
-    aggregated = aq.load_scaling_points_many(session, experiment_ids, known)
-    assert aq.load_scaling_points_many(session, experiment_ids, known) == aggregated  # from the kept values
+    aggregated = db.points.load_scaling_points_many(session, experiment_ids, known)
+    assert db.points.load_scaling_points_many(session, experiment_ids, known) == aggregated  # from the kept values
     for i in experiment_ids:
-        core.scaling._amdahl_params.cache_clear()
-        core.scaling._usl_params.cache_clear()
+        core.analysis.scaling._amdahl_params.cache_clear()
+        core.analysis.scaling._usl_params.cache_clear()
         old.append(build_report(per_run[i], **kw).model_dump_json())
-        core.scaling._amdahl_params.cache_clear()
-        core.scaling._usl_params.cache_clear()
+        core.analysis.scaling._amdahl_params.cache_clear()
+        core.analysis.scaling._usl_params.cache_clear()
         new.append(build_report_from_points(aggregated[i], **kw).model_dump_json())
     return old, new
 
@@ -87,7 +101,7 @@ def test_aggregated_points_give_the_per_run_report_point_for_point(factory, seed
     exp_id, xs = _seed(factory, seed)
     with factory() as s:
         other, _ = add_experiment(s, precisions=["bf16"], gpu_counts=[1, 2, 4, 8])  # nothing ran yet
-        points = aq.load_scaling_points(s, exp_id)
+        points = db.points.load_scaling_points(s, exp_id)
         for kw in ({}, {"baseline_num_devices": 2, "full_size_by_cluster": {"local-cpu": 64}}):
             old, new = _both(s, [exp_id, other], **kw)
             assert new == old
@@ -121,7 +135,7 @@ def test_points_are_aggregated_by_the_database_once_per_change(pg_session_factor
 
     def read() -> list:
         with pg_session_factory() as s:
-            return aq.load_scaling_points(s, exp_id, known)
+            return db.points.load_scaling_points(s, exp_id, known)
 
     first, sql = _statements(pg_engine, read)
     assert len(sql) == 2 and "percentile_disc" in sql[1] and ") IN (" not in sql[1]
@@ -129,22 +143,25 @@ def test_points_are_aggregated_by_the_database_once_per_change(pg_session_factor
     again, sql = _statements(pg_engine, read)
     assert len(sql) == 1 and again == first and len(known) == sum(p.num_succeeded > 0 for p in first)
     with session_scope(pg_session_factory) as s:  # one more run of one point ends
-        run_id, key, n, status = s.execute(sa.select(Run.id, Run.run_key, Run.num_devices, Run.status).where(
-            Run.experiment_id == exp_id, Run.status.in_(["queued", "running"])).order_by(Run.id)).first()
+        run_id, key, n, status = s.execute(
+            sa.select(Run.id, Run.run_key, Run.num_devices, Run.status)
+            .where(Run.experiment_id == exp_id, Run.status.in_(["queued", "running"]))
+            .order_by(Run.id)
+        ).first()
         if status == "queued":
             claim_run(s, run_id, "w", "h", 60)
         record_result(s, run_id, _result(key, random.Random(9), n))
     changed, sql = _statements(pg_engine, read)
     assert len(sql) == 2 and "percentile_disc" in sql[1] and ") IN (" in sql[1]  # that one point only
     with pg_session_factory() as s:
-        assert changed == aq.load_scaling_points(s, exp_id) != first  # as aggregated from scratch
+        assert changed == db.points.load_scaling_points(s, exp_id) != first  # as aggregated from scratch
     assert sum(a != b for a, b in zip(changed, first)) == 1
 
 
 def test_imported_runs_read_final_loss_from_their_result(factory) -> None:
     """Imports store summaries without the final_loss column: the aggregate falls back to the result JSON."""
     spec = make_spec(precisions=["bf16"], gpu_counts=[1, 2], repeats=2)
-    from core.clusters import LOCAL_CPU
+    from core.contracts.clusters import LOCAL_CPU
 
     runs, _ = expand(spec, LOCAL_CPU)
     rng = random.Random(3)
@@ -163,20 +180,21 @@ def test_one_finished_run_refits_one_series(factory, monkeypatch) -> None:
     with session_scope(factory) as s:
         extra, _ = add_experiment(s, precisions=["bf16"], layouts=["fsdp"], repeats=2)
     with session_scope(factory) as s:  # every run of `extra` succeeded but its first, still running
-        rows = s.execute(sa.select(Run.id, Run.run_key, Run.num_devices).where(Run.experiment_id == extra)
-                         .order_by(Run.id)).all()
+        rows = s.execute(
+            sa.select(Run.id, Run.run_key, Run.num_devices).where(Run.experiment_id == extra).order_by(Run.id)
+        ).all()
         for run_id, key, n in rows:
             claim_run(s, run_id, "w", "h", 60)
             if run_id != rows[0].id:
                 record_result(s, run_id, _result(key, random.Random(run_id), n))
     calls: list[tuple] = []
-    real = core.scaling.fit_usl
-    monkeypatch.setattr(core.scaling, "fit_usl", lambda ns, xs: calls.append(tuple(ns)) or real(ns, xs))
-    core.scaling._usl_params.cache_clear()
+    real = core.analysis.scaling.fit_usl
+    monkeypatch.setattr(core.analysis.scaling, "fit_usl", lambda ns, xs: calls.append(tuple(ns)) or real(ns, xs))
+    core.analysis.scaling._usl_params.cache_clear()
 
     def build_both(**kw) -> int:
         with factory() as s:
-            reports = [build_report_from_points(aq.load_scaling_points(s, i), **kw) for i in (exp_id, extra)]
+            reports = [build_report_from_points(db.points.load_scaling_points(s, i), **kw) for i in (exp_id, extra)]
         return sum(sr.usl.fitted for r in reports for sr in r.series)
 
     fitted = build_both()
@@ -195,8 +213,9 @@ def test_one_finished_run_refits_one_series(factory, monkeypatch) -> None:
 def _finish_with_steps(factory, exp_id: int, num_steps: int) -> None:
     rng = random.Random(num_steps)
     with session_scope(factory) as s:
-        for run_id, key, n in s.execute(sa.select(Run.id, Run.run_key, Run.num_devices)
-                                        .where(Run.experiment_id == exp_id)).all():
+        for run_id, key, n in s.execute(
+            sa.select(Run.id, Run.run_key, Run.num_devices).where(Run.experiment_id == exp_id)
+        ).all():
             claim_run(s, run_id, "w", "h", 60)
             record_result(s, run_id, _result(key, rng, n, num_steps=num_steps))
 
@@ -209,8 +228,8 @@ def test_stored_curves_serve_what_step_thinning_served(factory) -> None:
     _finish_with_steps(factory, exp_id, 1001)
     with factory() as s:
         for max_points in (2, 7, 200, 1000, 1001, 2000):
-            curves = aq.loss_curves(s, exp_id, max_points=max_points)
-            by_steps = aq._thinned_steps(s, [c.run_id for c in curves], max_points)
+            curves = db.points.loss_curves(s, exp_id, max_points=max_points)
+            by_steps = db.points._thinned_steps(s, [c.run_id for c in curves], max_points)
             assert len(curves) == 6 and {c.source for c in curves} == {"store"}
             for c in curves:
                 assert (c.num_steps, c.steps, c.losses) == by_steps[c.run_id], (max_points, c.run_id)
@@ -226,8 +245,8 @@ def test_long_curves_are_stored_thinned_and_read_without_step_rows(pg_session_fa
     sa.event.listen(pg_engine, "before_cursor_execute", listener)
     try:
         with pg_session_factory() as s:
-            [curve] = aq.loss_curves(s, exp_id, max_points=2000)
-            [small] = aq.loss_curves(s, exp_id, max_points=5)
+            [curve] = db.points.loss_curves(s, exp_id, max_points=2000)
+            [small] = db.points.loss_curves(s, exp_id, max_points=5)
             steps = [st for (st,) in s.execute(sa.text("SELECT step FROM step_metrics ORDER BY step"))]
     finally:
         sa.event.remove(pg_engine, "before_cursor_execute", listener)
@@ -242,10 +261,10 @@ def test_runs_without_a_stored_curve_are_thinned_from_steps(factory) -> None:
         exp_id, _ = add_experiment(s)
     _finish_with_steps(factory, exp_id, 300)
     with factory() as s:
-        before = aq.loss_curves(s, exp_id, max_points=50)
+        before = db.points.loss_curves(s, exp_id, max_points=50)
     with session_scope(factory) as s:
         s.execute(sa.delete(RunLossCurve).where(RunLossCurve.run_id == before[0].run_id))
     with factory() as s:
-        after = aq.loss_curves(s, exp_id, max_points=50)
+        after = db.points.loss_curves(s, exp_id, max_points=50)
     assert [c.source for c in after] == ["steps"] + ["store"] * 5
     assert [(c.steps, c.losses) for c in after] == [(c.steps, c.losses) for c in before]

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import sqlalchemy as sa
 
-from db import experiments as q
+import db.experiments
 from db.models import RUN_STATUSES, ApiToken, Run
 from db.session import session_scope
 from db.tokens import create_token, hash_token, verify_token
@@ -19,7 +19,7 @@ def test_create_stores_runs_in_matrix_order(factory):
     with session_scope(factory) as s:
         exp_id, ids = add_experiment(s, gpu_counts=[1, 2, 4], precisions=["bf16", "fp8-rowwise"], repeats=2)
     with factory() as s:
-        runs = q.list_runs(s, exp_id)
+        runs = db.experiments.list_runs(s, exp_id)
         assert [r.id for r in runs] == ids and len(ids) == 12
         assert [(r.precision, r.num_devices, r.repeat) for r in runs[:3]] == [
             ("bf16", 1, 0),
@@ -46,7 +46,7 @@ def test_create_stores_runs_in_matrix_order(factory):
     ],
 )
 def test_derive_status(counts, expected):
-    assert q.derive_status(counts) == expected
+    assert db.experiments.derive_status(counts) == expected
 
 
 def test_sql_status_filter_agrees_with_derive_status(factory):
@@ -58,26 +58,29 @@ def test_sql_status_filter_agrees_with_derive_status(factory):
             exp_id, ids = add_experiment(s, gpu_counts=[1, 2], precisions=["bf16"])
             for run_id, status in zip(ids, combo):
                 s.execute(sa.update(Run).where(Run.id == run_id).values(status=status))
-            made.append((exp_id, q.derive_status({st: combo.count(st) for st in combo})))
+            made.append((exp_id, db.experiments.derive_status({st: combo.count(st) for st in combo})))
     with factory() as s:
-        for status in q.EXPERIMENT_STATUSES:
-            found = {e.id for e in q.list_experiments(s, limit=100, status=status)}
+        for status in db.experiments.EXPERIMENT_STATUSES:
+            found = {e.id for e in db.experiments.list_experiments(s, limit=100, status=status)}
             assert found == {i for i, st in made if st == status}, status
-        assert {i: st.status for i, st in q.statuses_for(s, [i for i, _ in made]).items()} == dict(made)
+        assert {i: st.status for i, st in db.experiments.statuses_for(s, [i for i, _ in made]).items()} == dict(made)
 
 
 def test_keyset_pagination_and_filters(factory):
     with session_scope(factory) as s:
         ids = [add_experiment(s, tags=["nightly"] if i % 2 else ["adhoc", "x"])[0] for i in range(5)]
     with factory() as s:
-        page1 = q.list_experiments(s, limit=2)
+        page1 = db.experiments.list_experiments(s, limit=2)
         assert [e.id for e in page1] == ids[::-1][:3]  # limit + 1 rows: a next page exists
-        page2 = q.list_experiments(s, limit=2, before_id=page1[1].id)
+        page2 = db.experiments.list_experiments(s, limit=2, before_id=page1[1].id)
         assert [e.id for e in page2] == ids[::-1][2:5]
-        assert [e.id for e in q.list_experiments(s, tag="nightly")] == [ids[3], ids[1]]
-        assert [e.id for e in q.list_experiments(s, tag="x")] == [ids[4], ids[2], ids[0]]
-        assert q.list_experiments(s, tag="night") == []  # whole tags only
-        assert len(q.list_experiments(s, cluster="local-cpu")) == 5 and q.list_experiments(s, cluster="h200") == []
+        assert [e.id for e in db.experiments.list_experiments(s, tag="nightly")] == [ids[3], ids[1]]
+        assert [e.id for e in db.experiments.list_experiments(s, tag="x")] == [ids[4], ids[2], ids[0]]
+        assert db.experiments.list_experiments(s, tag="night") == []  # whole tags only
+        assert (
+            len(db.experiments.list_experiments(s, cluster="local-cpu")) == 5
+            and db.experiments.list_experiments(s, cluster="h200") == []
+        )
 
 
 def test_cancel_cancels_queued_and_marks_running(factory):
@@ -86,10 +89,10 @@ def test_cancel_cancels_queued_and_marks_running(factory):
         s.execute(sa.update(Run).where(Run.id == ids[0]).values(status="running"))
         s.execute(sa.update(Run).where(Run.id == ids[1]).values(status="succeeded"))
     with session_scope(factory) as s:
-        assert q.cancel_experiment(s, exp_id) == (len(ids) - 2, 1)
-        assert q.cancel_experiment(s, exp_id) == (0, 0)
+        assert db.experiments.cancel_experiment(s, exp_id) == (len(ids) - 2, 1)
+        assert db.experiments.cancel_experiment(s, exp_id) == (0, 0)
     with factory() as s:
-        st = q.experiment_status(s, exp_id)
+        st = db.experiments.experiment_status(s, exp_id)
         assert st.counts["cancelled"] == len(ids) - 2 and st.status == "running"
         assert s.get(Run, ids[0]).cancel_requested and not s.get(Run, ids[1]).cancel_requested
 

@@ -13,8 +13,8 @@ import time
 
 import sqlalchemy as sa
 
+import db.runs
 from core.settings import Settings
-from db import runs as rq
 from db.session import make_engine, make_session_factory, session_scope
 from db.tokens import create_token
 from tests.db.helpers import add_experiment
@@ -25,9 +25,17 @@ MAX_HEARTBEAT_S = 3.0  # one heartbeat (UPDATE + COMMIT; ~0.3 s typical on a loa
 
 def _big_import() -> dict:
     keys = itertools.product(("bf16", "fp32"), ("fsdp", "ddp"), (1, 2), range(7))
-    points = [{"num_devices": n, "precision": p, "layout": lay, "repeat": rep, "tokens_per_sec": 1000.0 * n,
-               "loss_curve": [5.0 - i * 1e-4 for i in range(CURVE_LEN)]}
-              for p, lay, n, rep in itertools.islice(keys, NUM_POINTS)]
+    points = [
+        {
+            "num_devices": n,
+            "precision": p,
+            "layout": lay,
+            "repeat": rep,
+            "tokens_per_sec": 1000.0 * n,
+            "loss_curve": [5.0 - i * 1e-4 for i in range(CURVE_LEN)],
+        }
+        for p, lay, n, rep in itertools.islice(keys, NUM_POINTS)
+    ]
     return {"name": "big", "model": "debug", "cluster": "local-cpu", "seq_len": 256, "points": points}
 
 
@@ -37,9 +45,12 @@ def test_heartbeats_keep_going_during_a_large_sqlite_import(make_client, test_se
     with session_scope(factory) as s:
         token, _ = create_token(s, "t")
         _, run_ids = add_experiment(s)
-        assert rq.claim_run(s, run_ids[0], "w", "h", 30)
-    client = make_client(Settings(data_dir=tmp_path, database_url=sqlite_url, broker_url=test_settings.broker_url,
-                                  runs_dir=tmp_path / "runs"))
+        assert db.runs.claim_run(s, run_ids[0], "w", "h", 30)
+    client = make_client(
+        Settings(
+            data_dir=tmp_path, database_url=sqlite_url, broker_url=test_settings.broker_url, runs_dir=tmp_path / "runs"
+        )
+    )
     client.headers["Authorization"] = f"Bearer {token}"
     body = json.dumps(_big_import()).encode()  # encoded before the heartbeats start (json.dumps holds the GIL)
 
@@ -50,7 +61,7 @@ def test_heartbeats_keep_going_during_a_large_sqlite_import(make_client, test_se
             started = time.monotonic()
             try:
                 with session_scope(factory) as s:
-                    if not rq.heartbeat(s, run_ids[0], 30).owned:
+                    if not db.runs.heartbeat(s, run_ids[0], 30).owned:
                         errors.append("heartbeat lost the run")
             except sa.exc.OperationalError as exc:  # "database is locked" after the 10 s busy timeout
                 errors.append(repr(exc))

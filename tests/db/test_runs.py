@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from db import runs as rq
+import db.runs
+from db.base import utcnow
 from db.experiments import cancel_experiment, experiment_status
-from db.models import utcnow
 from db.session import session_scope
 from tests.db.helpers import add_experiment, failed_result, succeeded_result
 
@@ -18,11 +18,11 @@ def test_claim_is_conditional_and_counts_attempts(factory):
     with session_scope(factory) as s:
         _, ids = add_experiment(s)
     with session_scope(factory) as s:
-        assert rq.claim_run(s, ids[0], "w1", "h1", lease_s=30)
-        assert not rq.claim_run(s, ids[0], "w2", "h2", lease_s=30)  # a redelivered message finds it claimed
-        assert not rq.claim_run(s, 10**6, "w2", "h2", lease_s=30)
+        assert db.runs.claim_run(s, ids[0], "w1", "h1", lease_s=30)
+        assert not db.runs.claim_run(s, ids[0], "w2", "h2", lease_s=30)  # a redelivered message finds it claimed
+        assert not db.runs.claim_run(s, 10**6, "w2", "h2", lease_s=30)
     with factory() as s:
-        run = rq.get_run(s, ids[0])
+        run = db.runs.get_run(s, ids[0])
         assert (run.status, run.attempts, run.worker, run.host) == ("running", 1, "w1", "h1")
         assert run.lease_expires_at - run.heartbeat_at == timedelta(seconds=30)
 
@@ -36,7 +36,7 @@ def test_concurrent_claims_have_one_winner(pg_session_factory):
     def claim(i: int) -> None:
         barrier.wait()
         with session_scope(pg_session_factory) as s:
-            wins.append(rq.claim_run(s, ids[0], f"w{i}", "h", lease_s=30))
+            wins.append(db.runs.claim_run(s, ids[0], f"w{i}", "h", lease_s=30))
 
     threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
     for t in threads:
@@ -49,97 +49,100 @@ def test_concurrent_claims_have_one_winner(pg_session_factory):
 def test_heartbeat_extends_lease_and_reports_cancel(factory):
     with session_scope(factory) as s:
         exp_id, ids = add_experiment(s)
-        rq.claim_run(s, ids[0], "w1", "h", lease_s=5)
+        db.runs.claim_run(s, ids[0], "w1", "h", lease_s=5)
     with session_scope(factory) as s:
         later = utcnow() + timedelta(seconds=3)
-        assert rq.heartbeat(s, ids[0], 60, worker="w1", now=later) == rq.LeaseState(True, False)
-        assert not rq.heartbeat(s, ids[0], 60, worker="someone-else").owned
-        assert not rq.heartbeat(s, ids[1], 60).owned  # queued: nobody owns it
+        assert db.runs.heartbeat(s, ids[0], 60, worker="w1", now=later) == db.runs.LeaseState(True, False)
+        assert not db.runs.heartbeat(s, ids[0], 60, worker="someone-else").owned
+        assert not db.runs.heartbeat(s, ids[1], 60).owned  # queued: nobody owns it
         assert cancel_experiment(s, exp_id) == (len(ids) - 1, 1)
-        assert rq.heartbeat(s, ids[0], 60, worker="w1", now=later) == rq.LeaseState(True, True)
+        assert db.runs.heartbeat(s, ids[0], 60, worker="w1", now=later) == db.runs.LeaseState(True, True)
     with factory() as s:
-        assert rq.get_run(s, ids[0]).lease_expires_at == later + timedelta(seconds=60)
+        assert db.runs.get_run(s, ids[0]).lease_expires_at == later + timedelta(seconds=60)
 
 
 def test_record_succeeded_result_stores_summary_and_steps(factory):
     with session_scope(factory) as s:
         _, ids = add_experiment(s)
-        rq.claim_run(s, ids[0], "w", "h", 30)
-        rq.update_launch(s, ids[0], run_dir="/tmp/run-1", slurm_job_id="42")
-        assert rq.record_result(s, ids[0], succeeded_result(num_steps=5))
+        db.runs.claim_run(s, ids[0], "w", "h", 30)
+        db.runs.update_launch(s, ids[0], run_dir="/tmp/run-1", slurm_job_id="42")
+        assert db.runs.record_result(s, ids[0], succeeded_result(num_steps=5))
     with factory() as s:
-        run = rq.get_run(s, ids[0])
+        run = db.runs.get_run(s, ids[0])
         assert (run.status, run.error_kind, run.run_dir, run.slurm_job_id) == ("succeeded", None, "/tmp/run-1", "42")
         assert run.result["numerics"]["final_loss"] == 4.7 and "steps" not in run.result
-        assert rq.get_summary(s, ids[0]).tokens_per_sec == 1.5e5
-        steps = rq.get_steps(s, ids[0])
+        assert db.runs.get_summary(s, ids[0]).tokens_per_sec == 1.5e5
+        steps = db.runs.get_steps(s, ids[0])
         assert [x.step for x in steps] == [0, 1, 2, 3, 4] and steps[0].warmup and steps[1].loss == pytest.approx(4.9)
 
 
 def test_record_failed_result_and_mark_failed(factory):
     with session_scope(factory) as s:
         _, ids = add_experiment(s)
-        rq.claim_run(s, ids[0], "w", "h", 30)
-        assert rq.record_result(s, ids[0], failed_result("oom", "out of memory"))
-        assert rq.mark_failed(s, ids[1], "launch_error", "torchrun not found")
-        assert not rq.mark_failed(s, ids[1], "error", "again")  # already ended
+        db.runs.claim_run(s, ids[0], "w", "h", 30)
+        assert db.runs.record_result(s, ids[0], failed_result("oom", "out of memory"))
+        assert db.runs.mark_failed(s, ids[1], "launch_error", "torchrun not found")
+        assert not db.runs.mark_failed(s, ids[1], "error", "again")  # already ended
         with pytest.raises(ValueError, match="error kind: 'nope' is not one of: invalid_config"):
-            rq.mark_failed(s, ids[2], "nope", "x")
+            db.runs.mark_failed(s, ids[2], "nope", "x")
     with factory() as s:
-        assert (rq.get_run(s, ids[0]).error_kind, rq.get_run(s, ids[0]).error_message) == ("oom", "out of memory")
-        assert rq.get_run(s, ids[1]).error_kind == "launch_error"
-        assert rq.get_summary(s, ids[0]) is None
+        assert (db.runs.get_run(s, ids[0]).error_kind, db.runs.get_run(s, ids[0]).error_message) == (
+            "oom",
+            "out of memory",
+        )
+        assert db.runs.get_run(s, ids[1]).error_kind == "launch_error"
+        assert db.runs.get_summary(s, ids[0]) is None
 
 
 def test_result_after_cancel_is_not_recorded(factory):
     with session_scope(factory) as s:
         _, ids = add_experiment(s)
-        rq.claim_run(s, ids[0], "w", "h", 30)
-        assert rq.mark_cancelled(s, ids[0], "stopped by worker")
-        assert not rq.record_result(s, ids[0], succeeded_result())
+        db.runs.claim_run(s, ids[0], "w", "h", 30)
+        assert db.runs.mark_cancelled(s, ids[0], "stopped by worker")
+        assert not db.runs.record_result(s, ids[0], succeeded_result())
     with factory() as s:
-        assert rq.get_run(s, ids[0]).status == "cancelled" and rq.get_steps(s, ids[0]) == []
+        assert db.runs.get_run(s, ids[0]).status == "cancelled" and db.runs.get_steps(s, ids[0]) == []
 
 
 def test_reap_requeues_then_fails_after_max_attempts(factory):
     with session_scope(factory) as s:
         _, ids = add_experiment(s)
-        rq.claim_run(s, ids[0], "w", "h", lease_s=10)
-        s.execute(rq.sa.update(rq.Run).where(rq.Run.id == ids[0]).values(dispatched_at=utcnow()))
+        db.runs.claim_run(s, ids[0], "w", "h", lease_s=10)
+        s.execute(db.runs.sa.update(db.runs.Run).where(db.runs.Run.id == ids[0]).values(dispatched_at=utcnow()))
     future = utcnow() + timedelta(seconds=11)
     with session_scope(factory) as s:
-        assert rq.reap_expired(s, utcnow(), max_attempts=2) == ([], [])  # lease still valid
-        assert rq.reap_expired(s, future, max_attempts=2) == ([ids[0]], [])
+        assert db.runs.reap_expired(s, utcnow(), max_attempts=2) == ([], [])  # lease still valid
+        assert db.runs.reap_expired(s, future, max_attempts=2) == ([ids[0]], [])
     with session_scope(factory) as s:
-        run = rq.get_run(s, ids[0])
+        run = db.runs.get_run(s, ids[0])
         assert (run.status, run.dispatched_at, run.worker, run.attempts) == ("queued", None, None, 1)
-        assert rq.claim_run(s, ids[0], "w2", "h", lease_s=10)
+        assert db.runs.claim_run(s, ids[0], "w2", "h", lease_s=10)
     with session_scope(factory) as s:
-        assert rq.reap_expired(s, utcnow() + timedelta(seconds=11), max_attempts=2) == ([], [ids[0]])
+        assert db.runs.reap_expired(s, utcnow() + timedelta(seconds=11), max_attempts=2) == ([], [ids[0]])
     with factory() as s:
-        run = rq.get_run(s, ids[0])
+        run = db.runs.get_run(s, ids[0])
         assert (run.status, run.error_kind, run.attempts) == ("failed", "worker_lost", 2)
 
 
 def test_reap_cancels_a_lost_run_with_pending_cancel(factory):
     with session_scope(factory) as s:
         exp_id, ids = add_experiment(s)
-        rq.claim_run(s, ids[0], "w", "h", lease_s=1)
+        db.runs.claim_run(s, ids[0], "w", "h", lease_s=1)
         cancel_experiment(s, exp_id)
-        assert rq.reap_expired(s, utcnow() + timedelta(seconds=5)) == ([], [ids[0]])
+        assert db.runs.reap_expired(s, utcnow() + timedelta(seconds=5)) == ([], [ids[0]])
         assert experiment_status(s, exp_id).status == "cancelled"
 
 
 def test_update_launch_moves_between_pending_and_running(factory):
     with session_scope(factory) as s:
         _, ids = add_experiment(s)
-        assert not rq.update_launch(s, ids[0], status="pending")  # not claimed yet
-        rq.claim_run(s, ids[0], "w", "h", 30)
-        assert rq.update_launch(s, ids[0], status="pending", slurm_job_id="7")
+        assert not db.runs.update_launch(s, ids[0], status="pending")  # not claimed yet
+        db.runs.claim_run(s, ids[0], "w", "h", 30)
+        assert db.runs.update_launch(s, ids[0], status="pending", slurm_job_id="7")
         with pytest.raises(ValueError, match="allowed: pending, running"):
-            rq.update_launch(s, ids[0], status="succeeded")
+            db.runs.update_launch(s, ids[0], status="succeeded")
     with factory() as s:
-        assert (rq.get_run(s, ids[0]).status, rq.get_run(s, ids[0]).slurm_job_id) == ("pending", "7")
+        assert (db.runs.get_run(s, ids[0]).status, db.runs.get_run(s, ids[0]).slurm_job_id) == ("pending", "7")
 
 
 def test_a_requeued_run_keeps_its_place_in_the_claim_order(factory):
@@ -153,18 +156,18 @@ def test_a_requeued_run_keeps_its_place_in_the_claim_order(factory):
         stamp_dispatched(s, ids)  # every run published
     a, b, newest = ids[0], ids[1], ids[-1]
     with session_scope(factory) as s:
-        assert rq.claim_run(s, a, "w1", "h", lease_s=5)
+        assert db.runs.claim_run(s, a, "w1", "h", lease_s=5)
     with session_scope(factory) as s:
-        requeued, failed = rq.reap_expired(s, now=utcnow() + timedelta(seconds=60))
+        requeued, failed = db.runs.reap_expired(s, now=utcnow() + timedelta(seconds=60))
         assert (requeued, failed) == ([a], [])
     with session_scope(factory) as s:
-        assert rq.claim_candidates(s, b)[0] == a  # before b and every later run
-        assert rq.claim_run(s, a, "w2", "h", lease_s=30)
+        assert db.runs.claim_candidates(s, b)[0] == a  # before b and every later run
+        assert db.runs.claim_run(s, a, "w2", "h", lease_s=30)
         assert [i for i, _ in lock_undispatched(s, None, 10)] == [newest]  # its message given back
     with session_scope(factory) as s:
         stamp_dispatched(s, [newest])
-        assert rq.claim_candidates(s, b)[0] == b  # then the others, in order
-        assert rq.claim_run(s, b, "w3", "h", lease_s=30)
+        assert db.runs.claim_candidates(s, b)[0] == b  # then the others, in order
+        assert db.runs.claim_run(s, b, "w3", "h", lease_s=30)
         assert lock_undispatched(s, None, 10) == []  # a published run's own claim gives nothing back
 
 
@@ -172,7 +175,8 @@ def test_a_run_never_published_is_not_taken_by_another_message(factory):
     with session_scope(factory) as s:
         _, ids = add_experiment(s)
         from db.outbox import stamp_dispatched
+
         stamp_dispatched(s, ids[1:])
     with session_scope(factory) as s:
-        assert ids[0] not in rq.claim_candidates(s, ids[1])  # its publisher is sending its message
-        assert rq.claim_candidates(s, ids[0])[0] == ids[0]  # ... which starts it
+        assert ids[0] not in db.runs.claim_candidates(s, ids[1])  # its publisher is sending its message
+        assert db.runs.claim_candidates(s, ids[0])[0] == ids[0]  # ... which starts it

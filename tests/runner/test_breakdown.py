@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 
-from core.breakdown import PARTITION, exposed_share, trace_file_name
+from core.analysis.breakdown import PARTITION, exposed_share, trace_file_name
 from tests.runner.conftest import dump, launch, make_spec
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,7 @@ pytestmark = pytest.mark.slow
 
 def test_profiled_run_ships_traces_and_serves_its_breakdown(cell, api, start_worker) -> None:  # noqa: F811
     start_worker()
-    exp_id, (run_id,) = submit(api, cell, gpu_counts=[2], precisions=["fp32"], steps=4, warmup_steps=1,
-                               profile_steps=2)
+    exp_id, (run_id,) = submit(api, cell, gpu_counts=[2], precisions=["fp32"], steps=4, warmup_steps=1, profile_steps=2)
     run = cell.wait_status(run_id, ("succeeded", "failed"), timeout_s=180)
     assert run.status == "succeeded", f"{run.error_kind}: {run.error_message}"
     assert run.result["breakdown"]["profiled_steps"] == [2, 3]

@@ -14,9 +14,39 @@ from tests.runner.conftest import make_spec
 
 pytest.importorskip("tokenizers")
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
-         "quietly", "judge", "boxing", "matches", "and", "every", "sentence", "of", "this", "small", "corpus",
-         "repeats", "words", "so", "that", "pairs", "of", "bytes", "merge"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wizards",
+    "quietly",
+    "judge",
+    "boxing",
+    "matches",
+    "and",
+    "every",
+    "sentence",
+    "of",
+    "this",
+    "small",
+    "corpus",
+    "repeats",
+    "words",
+    "so",
+    "that",
+    "pairs",
+    "of",
+    "bytes",
+    "merge",
+]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +107,7 @@ def test_held_out_batches_are_the_val_split_and_fixed(built):
     x, _ = a.get(0)
     assert torch.equal(x, b.get(0)[0])  # the same held-out tokens for every seed
     first = x[0].numpy()
-    assert any(np.array_equal(val[i:i + 16], first) for i in range(val.size - 16))
+    assert any(np.array_equal(val[i : i + 16], first) for i in range(val.size - 16))
 
 
 @pytest.mark.parametrize("data", ["synthetic", "corpus"])

@@ -1,11 +1,11 @@
-"""core.titan_config against TorchTitan 0.2.2's own ConfigManager, and the torchtitan refusals.
+"""runner.titan_config against TorchTitan 0.2.2's own ConfigManager, and the torchtitan refusals.
 
 Every layout (fsdp, ddp, hsdp:shard=2, tp=2, tp=2+fsdp) x precision (bf16 and the three float8 recipes) at
 N = 1, 2, 4, 8: a point TorchTitan can run gets a TOML that TorchTitan's ConfigManager parses into exactly the
 RunSpec's degrees, recipe, sequence length, batch, steps, compile, activation checkpointing and fp8 all-gather;
-a point it cannot run is refused with one reason by core.titan_config (the run) and core.engines.engine_reason
-(POST time). TorchTitan is asked in one subprocess (tests/runner/titan_probe.py, a few seconds); without the
-`torchtitan` package (the dev extra installs it) those tests skip and say so.
+a point it cannot run is refused with one reason by runner.titan_config (the run) and
+core.engines.registry.engine_reason (POST time). TorchTitan is asked in one subprocess (tests/runner/titan_probe.py,
+a few seconds); without the `torchtitan` package (the dev extra installs it) those tests skip and say so.
 """
 
 from __future__ import annotations
@@ -18,31 +18,47 @@ import sys
 
 import pytest
 
-from core import titan_config
-from core.clusters import Cluster
-from core.engines import engine_reason, torchtitan_point_reason
-from core.shapes import get_shape
-from core.specs import RunSpec, resolve_layout
+from core.catalog.shapes import get_shape
+from core.contracts.clusters import Cluster
+from core.contracts.specs import RunSpec, resolve_layout
+from core.engines.registry import engine_reason, torchtitan_point_reason
+from runner import titan_config
 from tests.runner.conftest import REPO
 
 LAYOUTS = ("fsdp", "ddp", "hsdp:shard=2", "tp=2", "tp=2+fsdp")
 PRECISIONS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp")
 COUNTS = (1, 2, 4, 8)
-H200 = Cluster(name="h200", vendor="nvidia", device_name="NVIDIA H200", gpus_per_node=8, max_nodes=2,
-               torchtitan=True)
+H200 = Cluster(name="h200", vendor="nvidia", device_name="NVIDIA H200", gpus_per_node=8, max_nodes=2, torchtitan=True)
 HAVE_TORCHTITAN = importlib.util.find_spec("torchtitan") is not None
-needs_torchtitan = pytest.mark.skipif(not HAVE_TORCHTITAN, reason="torchtitan is not installed (pip install -e "
-                                                                   "'.[dev]' installs torchtitan 0.2.2)")
+needs_torchtitan = pytest.mark.skipif(
+    not HAVE_TORCHTITAN, reason="torchtitan is not installed (pip install -e '.[dev]' installs torchtitan 0.2.2)"
+)
 
 
 def gpu_spec(precision: str, layout: str, n: int, **overrides) -> RunSpec:
     i = COUNTS.index(n) + LAYOUTS.index(layout)  # vary compile and AC across the grid
-    kw = dict(model="8b", num_layers=4, precision=precision, layout=layout, degrees=resolve_layout(layout, n),
-              scaling="weak", seq_len=2048 * (1 + i % 2), local_batch_size=1 + i % 3, steps=20 + n, warmup_steps=5,
-              compile=i % 2 == 0, activation_checkpointing="full" if i % 3 == 0 else "none",
-              fp8_all_gather=precision == "fp8-tensorwise" and layout in ("fsdp", "hsdp:shard=2") and i % 2 == 0,
-              lr=2e-4, lr_warmup_steps=3, lr_schedule="cosine" if i % 2 else "constant",
-              vocab_size=32000 if i % 4 == 1 else None, seed=11 + n, device_type="cuda", cluster="h200")
+    kw = dict(
+        model="8b",
+        num_layers=4,
+        precision=precision,
+        layout=layout,
+        degrees=resolve_layout(layout, n),
+        scaling="weak",
+        seq_len=2048 * (1 + i % 2),
+        local_batch_size=1 + i % 3,
+        steps=20 + n,
+        warmup_steps=5,
+        compile=i % 2 == 0,
+        activation_checkpointing="full" if i % 3 == 0 else "none",
+        fp8_all_gather=precision == "fp8-tensorwise" and layout in ("fsdp", "hsdp:shard=2") and i % 2 == 0,
+        lr=2e-4,
+        lr_warmup_steps=3,
+        lr_schedule="cosine" if i % 2 else "constant",
+        vocab_size=32000 if i % 4 == 1 else None,
+        seed=11 + n,
+        device_type="cuda",
+        cluster="h200",
+    )
     kw["precompute_fp8_scales"] = kw["fp8_all_gather"]
     kw.update(overrides)
     return RunSpec(**kw)
@@ -75,11 +91,27 @@ def titan(tmp_path_factory) -> dict:
             path = root / f"{len(tomls)}.toml"
             path.write_text(titan_config.job_toml(spec, dump_folder=str(root / "dump")))
             tomls[key(spec)] = str(path)
-    request = {"tomls": tomls, "flavors": ["debug_2L", "8b_4L", "1b_16L", "1b_2L_v23000"],
-               "data": {"model": "debug", "num_layers": 2, "seq_len": 32, "local_batch_size": 2, "seed": 7,
-                        "dp_world_size": 2, "dp_rank": 1}}
-    out = subprocess.run([sys.executable, "-m", "tests.runner.titan_probe"], input=json.dumps(request), cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    request = {
+        "tomls": tomls,
+        "flavors": ["debug_2L", "8b_4L", "1b_16L", "1b_2L_v23000"],
+        "data": {
+            "model": "debug",
+            "num_layers": 2,
+            "seq_len": 32,
+            "local_batch_size": 2,
+            "seed": 7,
+            "dp_world_size": 2,
+            "dp_rank": 1,
+        },
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.runner.titan_probe"],
+        input=json.dumps(request),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout)
 
@@ -101,8 +133,15 @@ def test_the_grid_has_runnable_and_refused_points():
 @pytest.mark.parametrize("spec", grid(), ids=key)
 def test_titan_config_and_engine_reason_give_one_verdict(spec):
     reason = titan_config.run_reason(spec)
-    post = engine_reason("torchtitan", H200, spec.precision, spec.layout, spec.degrees, seq_len=spec.seq_len,
-                         eval_every_steps=spec.eval_every_steps)
+    post = engine_reason(
+        "torchtitan",
+        H200,
+        spec.precision,
+        spec.layout,
+        spec.degrees,
+        seq_len=spec.seq_len,
+        eval_every_steps=spec.eval_every_steps,
+    )
     assert post == reason
     if reason is None:
         titan_config.job_toml(spec, dump_folder="/tmp/x")
@@ -112,24 +151,40 @@ def test_titan_config_and_engine_reason_give_one_verdict(spec):
         assert str(info.value) == reason
 
 
-@pytest.mark.parametrize(("precision", "layout", "n", "overrides", "words"), [
-    ("fp32", "fsdp", 2, {}, "torchtitan runs bf16, fp8-tensorwise, fp8-rowwise, fp8-rowwise-gw-hp, not fp32"),
-    ("mxfp8-cublas", "fsdp", 2, {}, "MX recipes through TorchTitan are not supported"),
-    ("bf16", "tp=2", 2, {}, "tp=2, dp_shard=1"),
-    ("bf16", "tp=2+fsdp", 4, {"seq_len": 2050}, "seq_len divisible by 2 x tp (4), not 2050"),
-    ("bf16", "fsdp", 2, {"eval_every_steps": 5}, "set eval_every_steps 0 for engine torchtitan"),
-    ("bf16", "fsdp", 2, {"device_type": "cpu"}, "not on the CPU"),
-])
+@pytest.mark.parametrize(
+    ("precision", "layout", "n", "overrides", "words"),
+    [
+        ("fp32", "fsdp", 2, {}, "torchtitan runs bf16, fp8-tensorwise, fp8-rowwise, fp8-rowwise-gw-hp, not fp32"),
+        ("mxfp8-cublas", "fsdp", 2, {}, "MX recipes through TorchTitan are not supported"),
+        ("bf16", "tp=2", 2, {}, "tp=2, dp_shard=1"),
+        ("bf16", "tp=2+fsdp", 4, {"seq_len": 2050}, "seq_len divisible by 2 x tp (4), not 2050"),
+        ("bf16", "fsdp", 2, {"eval_every_steps": 5}, "set eval_every_steps 0 for engine torchtitan"),
+        ("bf16", "fsdp", 2, {"device_type": "cpu"}, "not on the CPU"),
+    ],
+)
 def test_unsupported_points_are_refused_with_the_reason_by_both(precision, layout, n, overrides, words):
     spec = gpu_spec(precision, layout, n, fp8_all_gather=False, precompute_fp8_scales=False, **overrides)
     reason = titan_config.run_reason(spec)
     assert reason is not None and words in reason
     with pytest.raises(ValueError, match="torchtitan"):
         titan_config.job_sections(spec, dump_folder="/tmp/x")
-    cluster = H200 if spec.device_type == "cuda" else Cluster(
-        name="cpu", vendor="cpu", device_name="cpu", gpus_per_node=4, torchtitan=True)
-    assert engine_reason("torchtitan", cluster, precision, layout, spec.degrees, seq_len=spec.seq_len,
-                         eval_every_steps=spec.eval_every_steps) == reason
+    cluster = (
+        H200
+        if spec.device_type == "cuda"
+        else Cluster(name="cpu", vendor="cpu", device_name="cpu", gpus_per_node=4, torchtitan=True)
+    )
+    assert (
+        engine_reason(
+            "torchtitan",
+            cluster,
+            precision,
+            layout,
+            spec.degrees,
+            seq_len=spec.seq_len,
+            eval_every_steps=spec.eval_every_steps,
+        )
+        == reason
+    )
     # the API files an engine's refusal under `engines` by its first word (api/routers/experiments.py)
     assert reason.startswith("torchtitan ")
 
@@ -150,10 +205,17 @@ def test_torchtitan_parses_the_job_as_the_run_spec_says(titan, spec):
     assert "error" not in config, config.get("error")
     d, p, t = spec.degrees, config["parallelism"], config["training"]
     assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"], p["tensor_parallel_degree"]) == (
-        d.dp_replicate, d.dp_shard, d.tp)
+        d.dp_replicate,
+        d.dp_shard,
+        d.tp,
+    )
     assert (p["context_parallel_degree"], p["pipeline_parallel_degree"]) == (1, 1)
     assert (t["seq_len"], t["local_batch_size"], t["global_batch_size"], t["steps"]) == (
-        spec.seq_len, spec.local_batch_size, spec.global_batch_size, spec.steps)
+        spec.seq_len,
+        spec.local_batch_size,
+        spec.global_batch_size,
+        spec.steps,
+    )
     assert (t["dtype"], t["mixed_precision_param"], t["max_norm"]) == ("float32", "bfloat16", 1.0)
     assert t["dataset"] == "scalebench-synthetic"
     assert config["compile"]["enable"] is spec.compile and config["compile"]["components"] == ["model", "loss"]
@@ -176,8 +238,12 @@ def test_torchtitan_parses_the_job_as_the_run_spec_says(titan, spec):
     else:
         assert config["model"]["converters"] == ["quantize.linear.float8"]
         # tensorwise: TorchTitan's default float8 path (no recipe name), the one that takes the fp8 all-gather
-        assert float8["recipe_name"] == {"fp8-tensorwise": None, "fp8-rowwise": "rowwise",
-                                         "fp8-rowwise-gw-hp": "rowwise_with_gw_hp"}[spec.precision]
+        assert (
+            float8["recipe_name"]
+            == {"fp8-tensorwise": None, "fp8-rowwise": "rowwise", "fp8-rowwise-gw-hp": "rowwise_with_gw_hp"}[
+                spec.precision
+            ]
+        )
         assert float8["filter_fqns"] == ["output"] and float8["emulate"] is False
     assert float8["enable_fsdp_float8_all_gather"] is spec.fp8_all_gather
     assert float8["precompute_float8_dynamic_scale_for_fsdp"] is spec.precompute_fp8_scales
@@ -203,7 +269,12 @@ def test_torchtitan_builds_our_shape(titan, flavor):
     assert got["num_params"] == shape.num_params()
     args = got["args"]
     assert (args["dim"], args["n_layers"], args["n_heads"], args["n_kv_heads"], args["vocab_size"]) == (
-        shape.dim, shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.vocab_size)
+        shape.dim,
+        shape.num_layers,
+        shape.num_heads,
+        shape.num_kv_heads,
+        shape.vocab_size,
+    )
     assert args["rope_theta"] == shape.rope_theta and args["rope_scaling_args"]["scaling_factor"] == 1.0
 
 
@@ -213,8 +284,19 @@ def test_the_train_spec_serves_the_batches_our_runner_reads(titan):
 
     from runner.data import make_batches
 
-    spec = RunSpec(model="debug", num_layers=2, precision="bf16", layout="fsdp", degrees=resolve_layout("fsdp", 2),
-                   scaling="weak", seq_len=32, local_batch_size=2, steps=4, warmup_steps=1, seed=7)
+    spec = RunSpec(
+        model="debug",
+        num_layers=2,
+        precision="bf16",
+        layout="fsdp",
+        degrees=resolve_layout("fsdp", 2),
+        scaling="weak",
+        seq_len=32,
+        local_batch_size=2,
+        steps=4,
+        warmup_steps=1,
+        seed=7,
+    )
     ours = make_batches(spec, get_shape("debug").vocab_size, dp_rank=1, device=torch.device("cpu"))
     for step, (inputs, labels) in enumerate(titan["batches"]):
         expected_inputs, expected_labels = ours.get(step)
@@ -234,12 +316,15 @@ def test_flavor_names_round_trip_and_refuse_unknown_shapes():
 
 
 def test_toml_renders_strings_lists_and_dotted_tables():
-    text = titan_config.render_toml({"a": {"s": 'x"y', "l": ["p", "q"], "b": True, "f": 1e-08},
-                                     "quantize.linear.float8": {"n": 3}})
+    text = titan_config.render_toml(
+        {"a": {"s": 'x"y', "l": ["p", "q"], "b": True, "f": 1e-08}, "quantize.linear.float8": {"n": 3}}
+    )
     import tomllib
 
-    assert tomllib.loads(text) == {"a": {"s": 'x"y', "l": ["p", "q"], "b": True, "f": 1e-08},
-                                   "quantize": {"linear": {"float8": {"n": 3}}}}
+    assert tomllib.loads(text) == {
+        "a": {"s": 'x"y', "l": ["p", "q"], "b": True, "f": 1e-08},
+        "quantize": {"linear": {"float8": {"n": 3}}},
+    }
 
 
 def test_runner_titan_reports_a_missing_torchtitan_as_invalid_config(tmp_path):
@@ -253,25 +338,51 @@ def test_runner_titan_reports_a_missing_torchtitan_as_invalid_config(tmp_path):
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name == 'torchtitan' or name.startswith('torchtitan.'):\n"
         "            raise ModuleNotFoundError(f\"No module named '{name}'\", name=name)\n"
-        "sys.meta_path.insert(0, _NoTitan())\n")
+        "sys.meta_path.insert(0, _NoTitan())\n"
+    )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{hide}:{REPO}", "SCALEBENCH_LOG_LEVEL": "WARNING"}
-    out = subprocess.run([sys.executable, "-m", "runner.titan", "--spec", str(tmp_path / "spec.json"), "--out",
-                          str(tmp_path / "result.json")], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner.titan",
+            "--spec",
+            str(tmp_path / "spec.json"),
+            "--out",
+            str(tmp_path / "result.json"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "failed" and result["run_key"] == spec.run_key()
     assert result["error"]["kind"] == "invalid_config"
-    assert result["error"]["message"].endswith(
-        "torchtitan is not installed on this node: pip install '.[torchtitan]'")
+    assert result["error"]["message"].endswith("torchtitan is not installed on this node: pip install '.[torchtitan]'")
 
 
 def test_runner_titan_refuses_a_point_torchtitan_cannot_run(tmp_path):
     spec = gpu_spec("bf16", "tp=2", 2)
     (tmp_path / "spec.json").write_text(spec.model_dump_json())
-    out = subprocess.run([sys.executable, "-m", "runner.titan", "--spec", str(tmp_path / "spec.json"), "--out",
-                          str(tmp_path / "result.json")], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "SCALEBENCH_LOG_LEVEL": "WARNING"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner.titan",
+            "--spec",
+            str(tmp_path / "spec.json"),
+            "--out",
+            str(tmp_path / "result.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "SCALEBENCH_LOG_LEVEL": "WARNING"},
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     if not HAVE_TORCHTITAN:

@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from core.specs import FLOAT8_PRECISIONS
+from core.contracts.specs import FLOAT8_PRECISIONS
 from runner.train import run
 from tests.runner.conftest import dump, launch, losses, make_spec
 
@@ -64,8 +64,9 @@ def test_tp_2_ranks_bf16_tracks_fp32(fp32_single, tmp_path):
 
 
 def test_tp_2_fsdp_2_fp8_tensorwise_fp8_all_gather(tmp_path):
-    spec = make_spec("fp8-tensorwise", "tp=2+fsdp", 4, local_batch_size=2, steps=8,
-                     fp8_all_gather=True, precompute_fp8_scales=True)
+    spec = make_spec(
+        "fp8-tensorwise", "tp=2+fsdp", 4, local_batch_size=2, steps=8, fp8_all_gather=True, precompute_fp8_scales=True
+    )
     rc, result, err = launch(spec, tmp_path, nproc=4)
     assert rc == 0, dump(result, err)
     assert result.summary.num_float8_linears == 14  # 7 per block x 2; the output layer stays bf16
@@ -127,10 +128,13 @@ def test_bad_spec_file_is_invalid_config(tmp_path):
     import sys
 
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "runner", "--spec", str(tmp_path / "bad.json"), "--out", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "--spec", str(tmp_path / "bad.json"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0
-    from core.specs import RunResult
+    from core.contracts.specs import RunResult
 
     result = RunResult.model_validate_json(out.read_text())
     assert result.error.kind == "invalid_config" and "precision" in result.error.message

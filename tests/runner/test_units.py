@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.run_metrics import summarize
-from core.shapes import get_shape
+from core.analysis.summary import summarize
+from core.catalog.shapes import get_shape
 from runner.data import Batches, MemmapTokens, SyntheticTokens
 from runner.env import DeviceInfo, device_info_from, expected_fp8_dtypes, peaks_for
 from runner.failures import InvalidConfig, classify, validate
@@ -59,21 +59,30 @@ def test_amd_mi300_branch_uses_fnuz_and_gcn_arch():
     props = SimpleNamespace(name="AMD Instinct MI300X", gcnArchName="gfx942:sramecc+:xnack-")
     info = device_info_from(props, device_count=8, hip_version="6.3.42131", cuda_version=None)
     assert (info.vendor, info.gcn_arch, info.hip_version, info.cuda_version) == (
-        "amd", "gfx942:sramecc+:xnack-", "6.3.42131", None)
+        "amd",
+        "gfx942:sramecc+:xnack-",
+        "6.3.42131",
+        None,
+    )
     assert peaks_for(info, "fp8-tensorwise") == (1307.0, 2615.0, None)
     assert expected_fp8_dtypes(info) == ["float8_e4m3fnuz", "float8_e5m2fnuz"]
 
 
 def test_amd_generic_name_falls_back_to_gcn_arch():
-    info = device_info_from(SimpleNamespace(name="AMD Radeon Graphics", gcnArchName="gfx950"), device_count=1,
-                            hip_version="7.0", cuda_version=None)
+    info = device_info_from(
+        SimpleNamespace(name="AMD Radeon Graphics", gcnArchName="gfx950"),
+        device_count=1,
+        hip_version="7.0",
+        cuda_version=None,
+    )
     assert peaks_for(info, "bf16")[0] == 2500.0  # gfx950 -> MI355X
     assert expected_fp8_dtypes(info) == ["float8_e4m3fn", "float8_e5m2"]  # MI350 series: OCP formats
 
 
 def test_unknown_devices_get_no_mfu_and_a_note():
-    info = device_info_from(SimpleNamespace(name="NVIDIA H100 PCIe"), device_count=1, hip_version=None,
-                            cuda_version="12.4")
+    info = device_info_from(
+        SimpleNamespace(name="NVIDIA H100 PCIe"), device_count=1, hip_version=None, cuda_version="12.4"
+    )
     bf16, own, note = peaks_for(info, "bf16")
     assert bf16 is None and own is None and "H100 PCIe" in note
     cpu = device_info_from(None, device_count=1, hip_version=None, cuda_version=None, cuda_available=False)
@@ -83,11 +92,14 @@ def test_unknown_devices_get_no_mfu_and_a_note():
     assert peaks_for(h200, "fp32")[:2] == (989.0, None) and "fp32" in peaks_for(h200, "fp32")[2]
 
 
-@pytest.mark.parametrize("precision,expected", [
-    ("fp8-tensorwise", ["float8_e4m3fn", "float8_e5m2"]),  # e5m2 for gradients
-    ("fp8-rowwise", ["float8_e4m3fn"]),
-    ("fp8-rowwise-gw-hp", ["float8_e4m3fn"]),
-])
+@pytest.mark.parametrize(
+    "precision,expected",
+    [
+        ("fp8-tensorwise", ["float8_e4m3fn", "float8_e5m2"]),  # e5m2 for gradients
+        ("fp8-rowwise", ["float8_e4m3fn"]),
+        ("fp8-rowwise-gw-hp", ["float8_e4m3fn"]),
+    ],
+)
 def test_fp8_dtypes_read_off_torchao_configs(precision, expected):
     assert fp8_dtypes_of_config(float8_config(precision, emulate=True, fp8_all_gather=False)) == expected
 
@@ -164,8 +176,9 @@ def test_synthetic_tokens_deterministic_and_learnable():
 def test_batches_depend_on_global_sequence_index_not_layout():
     src = SyntheticTokens(2048, seed=1)
     one = Batches(src, seq_len=16, local_batch_size=4, dp_rank=0, device=torch.device("cpu")).get(3)[0]
-    halves = [Batches(src, seq_len=16, local_batch_size=2, dp_rank=r, device=torch.device("cpu")).get(3)[0]
-              for r in (0, 1)]
+    halves = [
+        Batches(src, seq_len=16, local_batch_size=2, dp_rank=r, device=torch.device("cpu")).get(3)[0] for r in (0, 1)
+    ]
     assert torch.equal(one, torch.cat(halves))
     inputs, labels = Batches(src, seq_len=16, local_batch_size=1, dp_rank=0, device=torch.device("cpu")).get(0)
     assert torch.equal(inputs[0, 1:], labels[0, :-1])
@@ -235,9 +248,18 @@ def test_lr_warmup_then_constant_or_cosine():
 
 
 def test_summary_arithmetic_follows_design():
-    s = summarize([999.0, 100.0, 200.0, 300.0], warmup_steps=1, tokens_per_step=8192, num_devices=8,
-                  flops_per_token=10**9, bf16_peak=1000.0, own_peak=2000.0, mfu_note=None,
-                  memory=(1.0, 2.0), num_float8_linears=3)
+    s = summarize(
+        [999.0, 100.0, 200.0, 300.0],
+        warmup_steps=1,
+        tokens_per_step=8192,
+        num_devices=8,
+        flops_per_token=10**9,
+        bf16_peak=1000.0,
+        own_peak=2000.0,
+        mfu_note=None,
+        memory=(1.0, 2.0),
+        num_float8_linears=3,
+    )
     assert s.num_timed_steps == 3 and s.step_ms_median == 200.0 and (s.step_ms_min, s.step_ms_max) == (100.0, 300.0)
     assert s.tokens_per_sec == pytest.approx(8192 / 0.2)
     assert s.tokens_per_sec_per_device == pytest.approx(8192 / 0.2 / 8)

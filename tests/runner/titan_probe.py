@@ -44,8 +44,8 @@ def main() -> int:
     from torchtitan.config import ConfigManager
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from core.titan_config import MODEL_NAME, cli_args, flavor_name
     from runner import titan_spec
+    from runner.titan_config import MODEL_NAME, cli_args, flavor_name
 
     answer: dict = {"torchtitan": torchtitan.__version__, "configs": {}, "flavors": {}}
     for key, path in request.get("tomls", {}).items():
@@ -59,15 +59,30 @@ def main() -> int:
         args = spec.model_args[flavor]
         with torch.device("meta"):
             model = spec.model_cls(args)
-        answer["flavors"][flavor] = {"args": dataclasses.asdict(args),
-                                     "num_params": sum(p.numel() for p in model.parameters())}
+        answer["flavors"][flavor] = {
+            "args": dataclasses.asdict(args),
+            "num_params": sum(p.numel() for p in model.parameters()),
+        }
     if data := request.get("data"):
-        config = ConfigManager().parse_args([
-            "--model.name", MODEL_NAME, "--model.flavor", flavor_name(data["model"], data["num_layers"]),
-            "--training.dataset", "scalebench-synthetic", "--training.seq_len", str(data["seq_len"]),
-            "--training.local_batch_size", str(data["local_batch_size"]), "--debug.seed", str(data["seed"])])
-        loader = titan_spec.build_dataloader(dp_world_size=data["dp_world_size"], dp_rank=data["dp_rank"],
-                                             tokenizer=None, job_config=config)
+        config = ConfigManager().parse_args(
+            [
+                "--model.name",
+                MODEL_NAME,
+                "--model.flavor",
+                flavor_name(data["model"], data["num_layers"]),
+                "--training.dataset",
+                "scalebench-synthetic",
+                "--training.seq_len",
+                str(data["seq_len"]),
+                "--training.local_batch_size",
+                str(data["local_batch_size"]),
+                "--debug.seed",
+                str(data["seed"]),
+            ]
+        )
+        loader = titan_spec.build_dataloader(
+            dp_world_size=data["dp_world_size"], dp_rank=data["dp_rank"], tokenizer=None, job_config=config
+        )
         batches = iter(loader)
         answer["batches"] = []
         for _ in range(2):

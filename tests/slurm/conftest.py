@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from core.clusters import Cluster, SlurmOptions
-from core.matrix import expand
-from core.specs import ExperimentSpec, RunSpec
+from core.contracts.clusters import Cluster, SlurmOptions
+from core.contracts.matrix import expand
+from core.contracts.specs import ExperimentSpec, RunSpec
 from worker.launchers.base import LaunchOutcome
 from worker.launchers.slurm import SlurmLauncher
 
@@ -21,8 +21,15 @@ SLURM_UP = REPO_ROOT / "scripts" / "slurm-up.sh"
 
 # One node standing in for two: two torchrun agents (Slurm tasks) per node, each with N/2 gloo ranks.
 # --overcommit: the ranks outnumber this machine's 2 CPUs.
-CLUSTER = Cluster(name="slurm-local", vendor="cpu", device_name="cpu (gloo ranks)", gpus_per_node=4, max_nodes=1,
-                  launcher="slurm", slurm=SlurmOptions(tasks_per_node=2, extra_args=["--overcommit"]))
+CLUSTER = Cluster(
+    name="slurm-local",
+    vendor="cpu",
+    device_name="cpu (gloo ranks)",
+    gpus_per_node=4,
+    max_nodes=1,
+    launcher="slurm",
+    slurm=SlurmOptions(tasks_per_node=2, extra_args=["--overcommit"]),
+)
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +48,18 @@ def slurm_up() -> str:
 
 def debug_spec(num_devices: int, steps: int = 4, timeout_s: int = 600) -> RunSpec:
     """A debug-shape run of the real runner on CPU (fp32: no bf16 matmul emulation cost)."""
-    exp = ExperimentSpec(name="slurm-test", model="debug", cluster=CLUSTER.name, gpu_counts=[num_devices],
-                         precisions=["fp32"], layouts=["fsdp"], seq_len=64, steps=steps, warmup_steps=1,
-                         timeout_s=timeout_s)
+    exp = ExperimentSpec(
+        name="slurm-test",
+        model="debug",
+        cluster=CLUSTER.name,
+        gpu_counts=[num_devices],
+        precisions=["fp32"],
+        layouts=["fsdp"],
+        seq_len=64,
+        steps=steps,
+        warmup_steps=1,
+        timeout_s=timeout_s,
+    )
     runs, skipped = expand(exp, CLUSTER)
     assert len(runs) == 1, skipped
     return runs[0]
@@ -55,8 +71,9 @@ def launcher(slurm_up) -> SlurmLauncher:
     return SlurmLauncher(CLUSTER, query_interval_s=1.0)
 
 
-def wait_until(launcher: SlurmLauncher, handle, states: set[str], timeout_s: float,
-               each_poll: Callable[[], None] | None = None) -> LaunchOutcome:
+def wait_until(
+    launcher: SlurmLauncher, handle, states: set[str], timeout_s: float, each_poll: Callable[[], None] | None = None
+) -> LaunchOutcome:
     """Polls until the outcome's state is one of `states` (or the run ended); fails with the log on timeout.
     `each_poll` runs before every poll."""
     deadline = time.monotonic() + timeout_s
@@ -67,7 +84,7 @@ def wait_until(launcher: SlurmLauncher, handle, states: set[str], timeout_s: flo
         if out.state in states or out.state not in ("pending", "running"):
             return out
         if time.monotonic() > deadline:
-            log = (Path(handle.run_dir) / "log.txt")
+            log = Path(handle.run_dir) / "log.txt"
             tail = log.read_text()[-2000:] if log.exists() else "(no log)"
             pytest.fail(f"job {handle.job_id} still {out.state} after {timeout_s} s ({out.message}); log:\n{tail}")
         time.sleep(0.5)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core import procs
-from core.specs import RunSpec
+from core.contracts.specs import RunSpec
+from osutil import procs
 from worker.launchers.base import LaunchHandle
 from worker.launchers.slurm import SlurmLauncher, parse_sacct, query_job
 
@@ -90,8 +90,9 @@ def test_time_limit_is_a_timeout(launcher, tmp_path, slurm_up):
 
 
 def test_a_job_slurm_does_not_know_is_judged_by_its_result(launcher, tmp_path):
-    handle = LaunchHandle(run_id="gone", run_dir=str(tmp_path), launcher="slurm", job_id="987654321",
-                          started_at=time.time())
+    handle = LaunchHandle(
+        run_id="gone", run_dir=str(tmp_path), launcher="slurm", job_id="987654321", started_at=time.time()
+    )
     out = launcher.poll(handle)
     assert (out.state, out.error_kind) == ("failed", "result_missing") and "no record of job 987654321" in out.message
 
@@ -105,8 +106,12 @@ def _num_jobs_in(run_dir: Path) -> int:
 def _sacct_state(job_id: str) -> str | None:
     """sacct's view (slurmdbd receives the end record a moment after the controller)."""
     for _ in range(40):
-        proc = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode,Reason", "-S", "now-1hour",
-                               "-j", job_id], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "State,ExitCode,Reason", "-S", "now-1hour", "-j", job_id],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         job = parse_sacct(proc.stdout)
         if job is not None and job.state not in ("PENDING", "RUNNING", "COMPLETING"):
             return job.state
@@ -139,19 +144,46 @@ def test_a_command_engine_runs_once_per_node_under_slurm(slurm_up, tmp_path):
     which starts the operator's torchrun; its Megatron-style log is read into the result."""
     import sys
 
-    from core.engines import CommandEngine
-    from core.matrix import expand
-    from core.specs import ExperimentSpec
+    from core.contracts.matrix import expand
+    from core.contracts.specs import ExperimentSpec
+    from core.engines.command import CommandEngineConfig
 
-    own = CommandEngine(
-        argv=[sys.executable, "-m", "torch.distributed.run", "--nnodes", "{nnodes}", "--node-rank", "{node_rank}",
-              "--master-addr", "{master_addr}", "--master-port", "{master_port}", "--nproc-per-node",
-              "{nproc_per_node}", "{code_dir}/examples/own-stack/train.py", "--seq-length", "{seq_len}",
-              "--train-iters", "{steps}"],
-        metrics="megatron-log", precisions=["fp32"])
+    own = CommandEngineConfig(
+        argv=[
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "{nnodes}",
+            "--node-rank",
+            "{node_rank}",
+            "--master-addr",
+            "{master_addr}",
+            "--master-port",
+            "{master_port}",
+            "--nproc-per-node",
+            "{nproc_per_node}",
+            "{code_dir}/examples/own-stack/train.py",
+            "--seq-length",
+            "{seq_len}",
+            "--train-iters",
+            "{steps}",
+        ],
+        metrics="megatron-log",
+        precisions=["fp32"],
+    )
     cluster = CLUSTER.model_copy(update={"engines": {"own-stack": own}})
-    exp = ExperimentSpec(name="t", model="debug", cluster=cluster.name, gpu_counts=[2], precisions=["fp32"],
-                         engines=["command:own-stack"], seq_len=32, steps=5, warmup_steps=1)
+    exp = ExperimentSpec(
+        name="t",
+        model="debug",
+        cluster=cluster.name,
+        gpu_counts=[2],
+        precisions=["fp32"],
+        engines=["command:own-stack"],
+        seq_len=32,
+        steps=5,
+        warmup_steps=1,
+    )
     spec = expand(exp, cluster)[0][0]
     launcher = SlurmLauncher(cluster, query_interval_s=1.0)
     run_dir = tmp_path / "cmd"

@@ -9,21 +9,38 @@ from pathlib import Path
 
 import pytest
 
-from core.clusters import Cluster, SlurmOptions
-from core.matrix import expand
-from core.specs import ExperimentSpec, RunSpec
+from core.contracts.clusters import Cluster, SlurmOptions
+from core.contracts.matrix import expand
+from core.contracts.specs import ExperimentSpec, RunSpec
 from worker.launchers import slurm
 from worker.launchers.base import RESULT_FILE
 
 
 def _cluster(vendor="nvidia", gpus_per_node=8, max_nodes=4, **opts) -> Cluster:
-    return Cluster(name="c1", vendor=vendor, device_name="NVIDIA H200" if vendor == "nvidia" else "dev",
-                   gpus_per_node=gpus_per_node, max_nodes=max_nodes, launcher="slurm", slurm=SlurmOptions(**opts))
+    return Cluster(
+        name="c1",
+        vendor=vendor,
+        device_name="NVIDIA H200" if vendor == "nvidia" else "dev",
+        gpus_per_node=gpus_per_node,
+        max_nodes=max_nodes,
+        launcher="slurm",
+        slurm=SlurmOptions(**opts),
+    )
 
 
 def _spec(cluster: Cluster, n: int, timeout_s: int = 3600, layout: str = "fsdp") -> RunSpec:
-    exp = ExperimentSpec(name="t", model="debug", cluster=cluster.name, gpu_counts=[n], precisions=["bf16"],
-                         layouts=[layout], seq_len=64, steps=4, warmup_steps=1, timeout_s=timeout_s)
+    exp = ExperimentSpec(
+        name="t",
+        model="debug",
+        cluster=cluster.name,
+        gpu_counts=[n],
+        precisions=["bf16"],
+        layouts=[layout],
+        seq_len=64,
+        steps=4,
+        warmup_steps=1,
+        timeout_s=timeout_s,
+    )
     runs, skipped = expand(exp, cluster)
     assert runs, skipped
     return runs[0]
@@ -50,8 +67,10 @@ def test_layout_cpu_tasks_per_node():
         slurm.job_layout(_cluster(tasks_per_node=2), 8)
 
 
-@pytest.mark.parametrize("text, seconds", [("30", 1800), ("1:30", 90), ("02:00:00", 7200), ("1-0", 86400),
-                                           ("1-02:03", 93780), ("0-00:01:00", 60)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("30", 1800), ("1:30", 90), ("02:00:00", 7200), ("1-0", 86400), ("1-02:03", 93780), ("0-00:01:00", 60)],
+)
 def test_parse_slurm_time(text, seconds):
     assert slurm.parse_slurm_time(text) == seconds
 
@@ -71,8 +90,17 @@ def test_sbatch_args_nvidia_two_nodes(tmp_path):
     c = _cluster(partition="gpu", account="team a", qos="high", extra_args=["--exclusive", "--constraint=h200"])
     args = slurm.sbatch_args(c, _spec(c, 16), "r7", tmp_path)
     assert args[:4] == ["--parsable", "--job-name=scalebench-r7", "--nodes=2", "--ntasks-per-node=1"]
-    for a in ("--gpus-per-node=8", "--partition=gpu", "--account=team a", "--qos=high", "--exclusive",
-              "--constraint=h200", "--no-requeue", f"--output={tmp_path}/log.txt", "--time=0-01:00:00"):
+    for a in (
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--account=team a",
+        "--qos=high",
+        "--exclusive",
+        "--constraint=h200",
+        "--no-requeue",
+        f"--output={tmp_path}/log.txt",
+        "--time=0-01:00:00",
+    ):
         assert a in args
     cpu = _cluster(vendor="cpu", gpus_per_node=4, max_nodes=1)
     assert not any(a.startswith("--gpus-per-node") for a in slurm.sbatch_args(cpu, _spec(cpu, 4), "r", tmp_path))
@@ -93,8 +121,9 @@ def test_extra_args_outside_the_allow_list_are_refused():
 
 def test_script_nvidia(tmp_path):
     c = _cluster()
-    script = slurm.render_script(c, _spec(c, 16), "r7", tmp_path, python="/opt/py/bin/python",
-                                 env={"NCCL_NVLS_ENABLE": "0"})
+    script = slurm.render_script(
+        c, _spec(c, 16), "r7", tmp_path, python="/opt/py/bin/python", env={"NCCL_NVLS_ENABLE": "0"}
+    )
     assert "export NCCL_NVLS_ENABLE=0\n" in script
     assert "srun --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in script
     assert "/opt/py/bin/python -m torch.distributed.run --nnodes=2 --nproc-per-node=8" in script
@@ -120,10 +149,21 @@ def test_script_quotes_hostile_values(tmp_path):
 
 
 def test_passthrough_env_keeps_collective_settings_only():
-    env = {"NCCL_NVLS_ENABLE": "0", "RCCL_MSCCL_ENABLE": "1", "HSA_NO_SCRATCH_RECLAIM": "1", "HOME": "/root",
-           "CUDA_VISIBLE_DEVICES": "0", "SECRET_TOKEN": "x", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-    assert slurm.passthrough_env(env) == {"HSA_NO_SCRATCH_RECLAIM": "1", "NCCL_NVLS_ENABLE": "0",
-                                          "RCCL_MSCCL_ENABLE": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    env = {
+        "NCCL_NVLS_ENABLE": "0",
+        "RCCL_MSCCL_ENABLE": "1",
+        "HSA_NO_SCRATCH_RECLAIM": "1",
+        "HOME": "/root",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "SECRET_TOKEN": "x",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+    assert slurm.passthrough_env(env) == {
+        "HSA_NO_SCRATCH_RECLAIM": "1",
+        "NCCL_NVLS_ENABLE": "0",
+        "RCCL_MSCCL_ENABLE": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
 
 
 # ------------------------------------------------------------------------------------------- states
@@ -134,23 +174,39 @@ def _write_result(run_dir: Path, status: str, kind: str | None = None) -> None:
     if status == "failed":
         doc["error"] = {"kind": kind, "message": "boom"}
     else:
-        doc["summary"] = {"num_timed_steps": 1, "tokens_per_step": 64, "tokens_per_sec": 1.0,
-                          "tokens_per_sec_per_device": 1.0, "step_ms_median": 1.0, "step_ms_min": 1.0,
-                          "step_ms_max": 1.0, "flops_per_token": 1, "tflops_per_device": 0.0}
+        doc["summary"] = {
+            "num_timed_steps": 1,
+            "tokens_per_step": 64,
+            "tokens_per_sec": 1.0,
+            "tokens_per_sec_per_device": 1.0,
+            "step_ms_median": 1.0,
+            "step_ms_min": 1.0,
+            "step_ms_max": 1.0,
+            "flops_per_token": 1,
+            "tflops_per_device": 0.0,
+        }
     (run_dir / RESULT_FILE).write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("state, want", [("PENDING", "pending"), ("CONFIGURING", "pending"),
-                                         ("RUNNING", "running"), ("COMPLETING", "running")])
+@pytest.mark.parametrize(
+    "state, want",
+    [("PENDING", "pending"), ("CONFIGURING", "pending"), ("RUNNING", "running"), ("COMPLETING", "running")],
+)
 def test_live_states(tmp_path, state, want):
     assert slurm.outcome_for_state(slurm.JobState(state), tmp_path).state == want
 
 
-@pytest.mark.parametrize("state, kind, retryable, outcome_state", [
-    ("TIMEOUT", "timeout", False, "failed"), ("OUT_OF_MEMORY", "oom", False, "failed"),
-    ("CANCELLED", "cancelled", False, "cancelled"), ("NODE_FAIL", "infrastructure", True, "failed"),
-    ("PREEMPTED", "infrastructure", True, "failed"), ("BOOT_FAIL", "infrastructure", True, "failed"),
-])
+@pytest.mark.parametrize(
+    "state, kind, retryable, outcome_state",
+    [
+        ("TIMEOUT", "timeout", False, "failed"),
+        ("OUT_OF_MEMORY", "oom", False, "failed"),
+        ("CANCELLED", "cancelled", False, "cancelled"),
+        ("NODE_FAIL", "infrastructure", True, "failed"),
+        ("PREEMPTED", "infrastructure", True, "failed"),
+        ("BOOT_FAIL", "infrastructure", True, "failed"),
+    ],
+)
 def test_terminal_states(tmp_path, state, kind, retryable, outcome_state):
     out = slurm.outcome_for_state(slurm.JobState(state, 0, 15), tmp_path)
     assert (out.state, out.error_kind, out.retryable) == (outcome_state, kind, retryable)
@@ -189,8 +245,10 @@ def test_failed_by_a_signal_is_retryable(tmp_path):
 
 
 def test_parse_scontrol_and_sacct():
-    text = ("JobId=12 JobName=scalebench-r1 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
-            "Requeue=0 ExitCode=0:15 RunTime=00:01:10")
+    text = (
+        "JobId=12 JobName=scalebench-r1 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
+        "Requeue=0 ExitCode=0:15 RunTime=00:01:10"
+    )
     assert slurm.parse_scontrol(text) == slurm.JobState("TIMEOUT", 0, 15, "TimeLimit", "scontrol")
     assert slurm.parse_scontrol("") is None
     assert slurm.parse_sacct("CANCELLED by 0|0:15|None\n") == slurm.JobState("CANCELLED", 0, 15, "None", "sacct")
@@ -209,20 +267,36 @@ def test_launcher_refuses_other_clusters_and_bad_run_ids(tmp_path):
 
 
 def test_submit_env_drops_the_worker_secrets():
-    env = {"PATH": "/usr/bin", "SCALEBENCH_DATABASE_URL": "postgresql://u:p@h/db", "REDIS_URL": "redis://h",
-           "DATABASE_URL": "x", "HF_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s", "NCCL_DEBUG": "INFO",
-           "SLURM_CONF": "/etc/slurm/slurm.conf"}
+    env = {
+        "PATH": "/usr/bin",
+        "SCALEBENCH_DATABASE_URL": "postgresql://u:p@h/db",
+        "REDIS_URL": "redis://h",
+        "DATABASE_URL": "x",
+        "HF_TOKEN": "t",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "NCCL_DEBUG": "INFO",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+    }
     assert slurm.submit_env(env) == {"PATH": "/usr/bin", "NCCL_DEBUG": "INFO", "SLURM_CONF": "/etc/slurm/slurm.conf"}
 
 
 def test_a_program_that_starts_its_own_ranks_runs_once_per_node(tmp_path):
     """The engine decides the program; the launcher only knows 'under torchrun' or 'once per node'."""
-    from core.engines import CommandEngine
+    from core.engines.command import CommandEngineConfig
 
-    own = CommandEngine(argv=["train", "{nnodes}"], metrics="jsonl", precisions=["bf16"])
+    own = CommandEngineConfig(argv=["train", "{nnodes}"], metrics="jsonl", precisions=["bf16"])
     c = _cluster().model_copy(update={"engines": {"own": own}})
-    exp = ExperimentSpec(name="t", model="debug", cluster=c.name, gpu_counts=[16], precisions=["bf16"],
-                         engines=["scalebench", "command:own"], seq_len=64, steps=4, warmup_steps=1)
+    exp = ExperimentSpec(
+        name="t",
+        model="debug",
+        cluster=c.name,
+        gpu_counts=[16],
+        precisions=["bf16"],
+        engines=["scalebench", "command:own"],
+        seq_len=64,
+        steps=4,
+        warmup_steps=1,
+    )
     ours, theirs = expand(exp, c)[0]
     script = slurm.render_script(c, ours, "r1", tmp_path, python="/p/python", env={})
     assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=8" in script and "-m runner --spec" in script

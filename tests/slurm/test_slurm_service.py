@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from core import procs
 from core.settings import Settings
+from osutil import procs
 from worker.launchers.base import LaunchHandle
 
 from ..worker.conftest import WorkerProc, wait_until
@@ -41,8 +41,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = "slurm-cpu"
 HEARTBEAT_S, LEASE_S = 1.0, 4.0
-TINY = {"model": "debug", "precisions": ["fp32"], "layouts": ["fsdp"], "seq_len": 32, "local_batch_size": 1,
-        "steps": 3, "warmup_steps": 1, "timeout_s": 600}
+TINY = {
+    "model": "debug",
+    "precisions": ["fp32"],
+    "layouts": ["fsdp"],
+    "seq_len": 32,
+    "local_batch_size": 1,
+    "steps": 3,
+    "warmup_steps": 1,
+    "timeout_s": 600,
+}
 CLUSTERS_TOML = """\
 [[cluster]]
 name = "{name}"
@@ -68,12 +76,38 @@ class Service:
 
     def start_worker(self, env_extra: dict[str, str] | None = None) -> WorkerProc:
         log_path = self.tmp / f"worker-{len(self.workers)}.log"
-        cmd = [sys.executable, "-m", "celery", "-A", "worker.main:app", "worker", "-n",
-               f"slurm-{len(self.workers)}@%h", "-Q", CLUSTER, "--pool", "threads", "--concurrency", "4",
-               "--prefetch-multiplier", "1", "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.main:app",
+            "worker",
+            "-n",
+            f"slurm-{len(self.workers)}@%h",
+            "-Q",
+            CLUSTER,
+            "--pool",
+            "threads",
+            "--concurrency",
+            "4",
+            "--prefetch-multiplier",
+            "1",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+        ]
         with log_path.open("ab") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env | (env_extra or {}), stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=self.env | (env_extra or {}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         worker = WorkerProc(proc, log_path)
         self.workers.append(worker)
         worker.wait_ready()
@@ -93,8 +127,12 @@ class Service:
 
     def wait_status(self, run_id: int, statuses: tuple[str, ...], timeout_s: float) -> dict:
         try:
-            return wait_until(lambda: (r := self.run(run_id))["status"] in statuses and r, timeout_s,
-                              f"run {run_id} to reach {statuses}", interval_s=0.5)
+            return wait_until(
+                lambda: (r := self.run(run_id))["status"] in statuses and r,
+                timeout_s,
+                f"run {run_id} to reach {statuses}",
+                interval_s=0.5,
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.diagnostics(run_id)}") from None
 
@@ -119,24 +157,46 @@ class Service:
 
     def reap_once(self) -> str:
         """One pass of the real scheduler's reaper (`python -m worker.scheduler --once`)."""
-        proc = subprocess.run([sys.executable, "-m", "worker.scheduler", "--once"], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker.scheduler", "--once"],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
 
 
 @pytest.fixture
-def service(slurm_up, tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client,
-            make_client) -> Iterator[Service]:
+def service(
+    slurm_up, tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client, make_client
+) -> Iterator[Service]:
     clusters = tmp_path / "clusters.toml"
     clusters.write_text(CLUSTERS_TOML.format(name=CLUSTER, shared_dir=tmp_path / "runs"))
-    settings = Settings(data_dir=tmp_path, database_url=pg_url, broker_url=redis_url, clusters_file=str(clusters),
-                        runs_dir=tmp_path / "runs", heartbeat_s=HEARTBEAT_S, lease_s=LEASE_S, max_infra_retries=1)
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=pg_url,
+        broker_url=redis_url,
+        clusters_file=str(clusters),
+        runs_dir=tmp_path / "runs",
+        heartbeat_s=HEARTBEAT_S,
+        lease_s=LEASE_S,
+        max_infra_retries=1,
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(SCALEBENCH_DATABASE_URL=pg_url, SCALEBENCH_BROKER_URL=redis_url, SCALEBENCH_DATA_DIR=str(tmp_path),
-               SCALEBENCH_RUNS_DIR=str(tmp_path / "runs"), SCALEBENCH_CLUSTERS_FILE=str(clusters),
-               SCALEBENCH_HEARTBEAT_S=str(HEARTBEAT_S), SCALEBENCH_LEASE_S=str(LEASE_S),
-               SCALEBENCH_MAX_INFRA_RETRIES="1", PYTHONUNBUFFERED="1")
+    env.update(
+        SCALEBENCH_DATABASE_URL=pg_url,
+        SCALEBENCH_BROKER_URL=redis_url,
+        SCALEBENCH_DATA_DIR=str(tmp_path),
+        SCALEBENCH_RUNS_DIR=str(tmp_path / "runs"),
+        SCALEBENCH_CLUSTERS_FILE=str(clusters),
+        SCALEBENCH_HEARTBEAT_S=str(HEARTBEAT_S),
+        SCALEBENCH_LEASE_S=str(LEASE_S),
+        SCALEBENCH_MAX_INFRA_RETRIES="1",
+        PYTHONUNBUFFERED="1",
+    )
     svc = Service(tmp_path, make_client(settings=settings), env)
     yield svc
     # Nothing of this test may outlive it: its Slurm jobs first (a worker's warm shutdown waits for its tasks).
@@ -144,8 +204,9 @@ def service(slurm_up, tmp_path: Path, pg_url: str, redis_url: str, pg_session_fa
         subprocess.run(["scancel", *svc.jobs()], capture_output=True, timeout=30)
     for w in svc.workers:
         w.stop()
-    procs.signal_pids([int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _names(p, tmp_path)],
-                      signal.SIGKILL)
+    procs.signal_pids(
+        [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _names(p, tmp_path)], signal.SIGKILL
+    )
 
 
 def _names(proc_dir: Path, tmp: Path) -> bool:
@@ -161,6 +222,7 @@ def _slurm_state(svc: Service, job_id: str) -> str:
 
 def _wait_job_running(svc: Service, run_id: int, timeout_s: float = 60) -> dict:
     """Until Slurm runs the run's job and the worker has shown it as `running` (after `pending`)."""
+
     def running() -> dict | None:
         run = svc.run(run_id)
         job_id = run["slurm_job_id"]
@@ -176,9 +238,20 @@ def _wait_job_running(svc: Service, run_id: int, timeout_s: float = 60) -> dict:
 def test_results_of_2_and_4_ranks_pending_while_queued(service: Service):
     """Both runs wait in Slurm's queue at once (an exclusive job holds the node): `pending` with job ids, one
     worker holding both (threads pool); then they run and their results are recorded."""
-    blocker = subprocess.run(["sbatch", "--parsable", "--exclusive", "--job-name=scalebench-blocker",
-                              f"--chdir={service.tmp}", "--output=/dev/null", "--wrap=sleep 300"],
-                             capture_output=True, text=True, timeout=30)
+    blocker = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--exclusive",
+            "--job-name=scalebench-blocker",
+            f"--chdir={service.tmp}",
+            "--output=/dev/null",
+            "--wrap=sleep 300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert blocker.returncode == 0, blocker.stderr
     blocker_id = blocker.stdout.strip().split(";")[0]
     try:
@@ -252,8 +325,9 @@ def test_worker_killed_between_sbatch_and_handle_json_reattaches_by_job_name(ser
     assert real_sbatch
     bin_dir = service.tmp / "dying-bin"
     bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f'#!/bin/bash\nout=$({real_sbatch} "$@"); rc=$?\nkill -9 $PPID\n'
-                                    'echo "$out"\nexit $rc\n')
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/bash\nout=$({real_sbatch} "$@"); rc=$?\nkill -9 $PPID\necho "$out"\nexit $rc\n'
+    )
     (bin_dir / "sbatch").chmod(0o755)
     first = service.start_worker(env_extra={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
     (run_id,) = service.submit(steps=60)

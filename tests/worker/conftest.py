@@ -21,16 +21,23 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from core import procs
 from core.settings import Settings
 from db.models import Run
+from osutil import procs
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S, LEASE_S = 1.0, 4.0
 # One layer, fp32: what the tests here check is the service around the runner (tests/runner checks the runner's
 # shapes and numerics), and on CPUs without native bf16 an fp32 step costs 2-4x less than a bf16 one.
-TINY = {"model": "debug", "num_layers": 1, "seq_len": 32, "local_batch_size": 1, "steps": 3, "warmup_steps": 1,
-        "timeout_s": 300}
+TINY = {
+    "model": "debug",
+    "num_layers": 1,
+    "seq_len": 32,
+    "local_batch_size": 1,
+    "steps": 3,
+    "warmup_steps": 1,
+    "timeout_s": 300,
+}
 LONG = TINY | {"steps": 1000}  # tens of seconds: killed or cancelled mid-run (logs every 100 steps)
 
 
@@ -68,8 +75,9 @@ class Cell:
         return procs.pids_with_arg(str(self.run_dir(run_id) / "spec.json"))
 
     def wait_status(self, run_id: int, statuses: tuple[str, ...], timeout_s: float = 120) -> Run:
-        return wait_until(lambda: (r := self.run(run_id)).status in statuses and r, timeout_s,
-                          f"run {run_id} to reach {statuses}")
+        return wait_until(
+            lambda: (r := self.run(run_id)).status in statuses and r, timeout_s, f"run {run_id} to reach {statuses}"
+        )
 
     def wait_steps(self, run_id: int, min_step: int = 1, attempt: int = 1, timeout_s: float = 120) -> None:
         """Until attempt `attempt` logged a training step (torch imported, model built: really running).
@@ -91,15 +99,32 @@ class Cell:
 def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Cell:
     name = f"t-{uuid.uuid4().hex[:8]}"
     clusters = tmp_path / "clusters.toml"
-    clusters.write_text(f'[[cluster]]\nname = "{name}"\nvendor = "cpu"\ndevice_name = "cpu (gloo ranks)"\n'
-                        f'gpus_per_node = 4\nlauncher = "local"\n')
-    settings = Settings(data_dir=tmp_path, database_url=pg_url, broker_url=redis_url, clusters_file=str(clusters),
-                        runs_dir=tmp_path / "runs", heartbeat_s=HEARTBEAT_S, lease_s=LEASE_S, max_infra_retries=1)
+    clusters.write_text(
+        f'[[cluster]]\nname = "{name}"\nvendor = "cpu"\ndevice_name = "cpu (gloo ranks)"\n'
+        f'gpus_per_node = 4\nlauncher = "local"\n'
+    )
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=pg_url,
+        broker_url=redis_url,
+        clusters_file=str(clusters),
+        runs_dir=tmp_path / "runs",
+        heartbeat_s=HEARTBEAT_S,
+        lease_s=LEASE_S,
+        max_infra_retries=1,
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(SCALEBENCH_DATABASE_URL=pg_url, SCALEBENCH_BROKER_URL=redis_url, SCALEBENCH_DATA_DIR=str(tmp_path),
-               SCALEBENCH_RUNS_DIR=str(settings.runs_dir), SCALEBENCH_CLUSTERS_FILE=str(clusters),
-               SCALEBENCH_HEARTBEAT_S=str(HEARTBEAT_S), SCALEBENCH_LEASE_S=str(LEASE_S),
-               SCALEBENCH_MAX_INFRA_RETRIES="1", PYTHONUNBUFFERED="1")
+    env.update(
+        SCALEBENCH_DATABASE_URL=pg_url,
+        SCALEBENCH_BROKER_URL=redis_url,
+        SCALEBENCH_DATA_DIR=str(tmp_path),
+        SCALEBENCH_RUNS_DIR=str(settings.runs_dir),
+        SCALEBENCH_CLUSTERS_FILE=str(clusters),
+        SCALEBENCH_HEARTBEAT_S=str(HEARTBEAT_S),
+        SCALEBENCH_LEASE_S=str(LEASE_S),
+        SCALEBENCH_MAX_INFRA_RETRIES="1",
+        PYTHONUNBUFFERED="1",
+    )
     return Cell(name, tmp_path, settings, env, pg_session_factory)
 
 

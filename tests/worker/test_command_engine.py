@@ -51,8 +51,14 @@ def test_command_engine_runs_through_the_worker_and_its_log_is_read(command_cell
     cell = command_cell
     api = make_client(settings=cell.settings)
     start_worker()
-    exp_id, run_ids = submit(api, cell, gpu_counts=[1, 2], steps=6, warmup_steps=1,
-                             engines=["scalebench", "command:own-stack", "command:own-stack-jsonl"])
+    exp_id, run_ids = submit(
+        api,
+        cell,
+        gpu_counts=[1, 2],
+        steps=6,
+        warmup_steps=1,
+        engines=["scalebench", "command:own-stack", "command:own-stack-jsonl"],
+    )
     runs = {rid: cell.wait_status(rid, ("succeeded", "failed"), timeout_s=240) for rid in run_ids}
     for run in runs.values():
         assert run.status == "succeeded", f"{run.engine}: {run.error_kind}: {run.error_message}"
@@ -78,8 +84,9 @@ def test_command_engine_runs_through_the_worker_and_its_log_is_read(command_cell
     assert "command:own-stack" in csv and csv.splitlines()[0].startswith("engine,")
 
 
-def test_a_command_that_prints_no_metric_fails_as_no_metrics_with_its_log(command_cell, make_client,
-                                                                          start_worker) -> None:
+def test_a_command_that_prints_no_metric_fails_as_no_metrics_with_its_log(
+    command_cell, make_client, start_worker
+) -> None:
     cell = command_cell
     api = make_client(settings=cell.settings)
     start_worker()

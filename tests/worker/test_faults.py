@@ -80,16 +80,41 @@ def _free_port() -> int:
 
 
 def _redis_server(port: int, data_dir: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-                             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_until(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True)
-               .stdout.strip() == "PONG", 10, "redis-server")
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    wait_until(
+        lambda: (
+            subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip()
+            == "PONG"
+        ),
+        10,
+        "redis-server",
+    )
     return proc
 
 
-@pytest.mark.skipif(not any((Path(p) / "redis-server").exists() for p in os.environ["PATH"].split(":")),
-                    reason="redis-server is not installed (apt-get install redis-server)")
+@pytest.mark.skipif(
+    not any((Path(p) / "redis-server").exists() for p in os.environ["PATH"].split(":")),
+    reason="redis-server is not installed (apt-get install redis-server)",
+)
 def test_redis_restart_while_runs_are_queued_loses_nothing(cell, make_client, start_worker) -> None:
     """Redis with an append-only file (as in docker-compose.yml): queued messages survive a restart."""
     port, data_dir = _free_port(), cell.tmp / "redis"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from core import procs
-from core.clusters import LOCAL_CPU
-from core.matrix import expand
-from core.specs import ExperimentSpec, RunSpec
+from core.contracts.clusters import LOCAL_CPU
+from core.contracts.matrix import expand
+from core.contracts.specs import ExperimentSpec, RunSpec
+from osutil import procs
 from tests.worker.conftest import TINY, wait_until
 from worker.launchers.base import LaunchHandle
 from worker.launchers.local import LocalLauncher, outcome_from_run_dir
@@ -31,8 +31,12 @@ def test_command_is_an_argument_list_and_cpu_ranks_share_the_cores(tmp_path: Pat
     assert cmd[-4:] == ["--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "result.json")]
     env = launcher.environment(spec)
     assert env["OMP_NUM_THREADS"] == "4" and env["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert LocalLauncher(cpu_count=2).environment(_spec(degrees=spec.degrees.model_copy(
-        update={"dp_shard": 4, "world_size": 4})))["OMP_NUM_THREADS"] == "1"
+    assert (
+        LocalLauncher(cpu_count=2).environment(
+            _spec(degrees=spec.degrees.model_copy(update={"dp_shard": 4, "world_size": 4}))
+        )["OMP_NUM_THREADS"]
+        == "1"
+    )
 
 
 def test_nccl_and_visible_devices_pass_through(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,9 +9,10 @@ from datetime import timedelta
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.clusters import load_clusters
-from db import runs as db_runs
-from db.models import Run, utcnow
+import db.runs
+from core.contracts.clusters import load_clusters
+from db.base import utcnow
+from db.models import Run
 from db.session import session_scope
 from tests.db.helpers import add_experiment, succeeded_result
 from worker.launchers.base import RESULT_FILE, write_json_atomic
@@ -20,14 +21,19 @@ from worker.runtime import Runtime
 
 
 def _runtime(test_settings, pg_engine, pg_session_factory) -> Runtime:
-    return Runtime(settings=test_settings, clusters=load_clusters(None), engine=pg_engine,
-                   session_factory=pg_session_factory, pid=os.getpid())
+    return Runtime(
+        settings=test_settings,
+        clusters=load_clusters(None),
+        engine=pg_engine,
+        session_factory=pg_session_factory,
+        pid=os.getpid(),
+    )
 
 
 def _claim(sf, run_id: int, worker: str, run_dir: str) -> None:
     with session_scope(sf) as s:
-        assert db_runs.claim_run(s, run_id, worker, socket.gethostname(), lease_s=60)
-        db_runs.update_launch(s, run_id, run_dir=run_dir)
+        assert db.runs.claim_run(s, run_id, worker, socket.gethostname(), lease_s=60)
+        db.runs.update_launch(s, run_id, run_dir=run_dir)
 
 
 def test_recover_records_a_finished_run_dir_of_a_dead_worker(
@@ -45,7 +51,7 @@ def test_recover_records_a_finished_run_dir_of_a_dead_worker(
     assert recover_finished_runs(rt) == [dead_id]  # the live worker records its own run
     with pg_session_factory() as s:
         assert s.get(Run, dead_id).status == "succeeded"
-        assert len(db_runs.get_steps(s, dead_id)) == 5
+        assert len(db.runs.get_steps(s, dead_id)) == 5
         assert s.get(Run, alive_id).status == "running"
 
 
@@ -57,7 +63,7 @@ def test_reaper_requeues_expired_leases_then_fails_them_as_worker_lost(
         _, (run_id, *_rest) = add_experiment(s)
     for attempt in (1, 2, 3):
         with session_scope(pg_session_factory) as s:
-            assert db_runs.claim_run(
+            assert db.runs.claim_run(
                 s, run_id, "elsewhere:1", "elsewhere", lease_s=60, now=utcnow() - timedelta(seconds=120)
             )  # lease expired a minute ago
         out = reap_once(rt)  # no Celery app: nothing published

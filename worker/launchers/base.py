@@ -2,8 +2,8 @@
 
 A run directory holds: spec.json (the RunSpec), result.json (written by the engine's program: the runner's
 rank 0), log.txt (the program's merged stdout/stderr), handle.json (what is needed to re-attach: pid/pgid or
-Slurm job id), command.json for a command engine (worker.engines.command) and, for a profiled run,
-trace.rank{R}.json.gz (each rank's profiler trace, core.breakdown.TRACE_FILE).
+Slurm job id), command.json for a command engine (core.engines.command) and, for a profiled run,
+trace.rank{R}.json.gz (each rank's profiler trace, core.analysis.breakdown.TRACE_FILE).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from core.breakdown import TRACE_FILE
-from core.clusters import Cluster
-from core.specs import RunResult, RunSpec
+from core.analysis.breakdown import TRACE_FILE
+from core.contracts.clusters import Cluster
+from core.contracts.specs import RunResult, RunSpec
+from core.engines.command import COMMAND_FILE
+from core.engines.registry import command_file
 
 SPEC_FILE, RESULT_FILE, LOG_FILE, HANDLE_FILE = "spec.json", "result.json", "log.txt", "handle.json"
 _TRACE_RE = re.compile("^" + re.escape(TRACE_FILE).replace(re.escape("{rank}"), r"(\d+)") + "$")
@@ -79,12 +81,11 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def prepare_run_dir(spec: RunSpec, run_id: str, run_dir: Path, cluster: Cluster, num_nodes: int = 1) -> Path:
-    """spec.json, and whatever the run's engine needs beside it (worker.engines)."""
-    from worker.engines import engine_for  # the engines write files with this module's helpers
-
+    """spec.json, and command.json beside it for a command engine (core.engines.registry.command_file)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / SPEC_FILE, spec.model_dump(mode="json"))
-    engine_for(spec).prepare(spec, cluster, run_dir, num_nodes)
+    if (launch := command_file(spec, cluster, num_nodes)) is not None:
+        write_json_atomic(run_dir / COMMAND_FILE, launch)
     return run_dir
 
 

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m runner --spec DIR/spec.json --out DIR/result.json
 
-The module is the engine's (worker.engines: runner, runner.titan); a program that starts its own ranks (a
+The module is the engine's (core.engines.registry: runner, runner.titan); a program that starts its own ranks (a
 command engine: runner.command) runs without torchrun, as `python -m runner.command --spec ... --out ...`.
 
 Argument lists only (never a shell string). The worker does not import torch: torchrun is a program.
@@ -22,10 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from core import procs
-from core.clusters import LOCAL_CPU, Cluster
-from core.specs import RunSpec
-from worker.engines import engine_for
+from core.contracts.clusters import LOCAL_CPU, Cluster
+from core.contracts.specs import RunSpec
+from core.engines.registry import program_for
+from osutil import procs
 from worker.launchers.base import (
     LOG_FILE,
     RESULT_FILE,
@@ -47,8 +47,13 @@ _CHILDREN: dict[int, subprocess.Popen] = {}
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, cluster: Cluster = LOCAL_CPU, kill_grace_s: float = 5.0, python: str = sys.executable,
-                 cpu_count: int | None = None):
+    def __init__(
+        self,
+        cluster: Cluster = LOCAL_CPU,
+        kill_grace_s: float = 5.0,
+        python: str = sys.executable,
+        cpu_count: int | None = None,
+    ):
         self.cluster = cluster
         self.kill_grace_s = kill_grace_s
         self.python = python
@@ -57,9 +62,12 @@ class LocalLauncher:
     # ------------------------------------------------------------------------------------------ start
 
     def command(self, spec: RunSpec, run_dir: Path) -> list[str]:
-        program = engine_for(spec).program(spec)
-        launch = ([self.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                   str(spec.num_devices)] if program.under_torchrun else [self.python])
+        program = program_for(spec)
+        launch = (
+            [self.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.num_devices)]
+            if program.under_torchrun
+            else [self.python]
+        )
         return [*launch, "-m", program.module, "--spec", str(run_dir / SPEC_FILE), "--out", str(run_dir / RESULT_FILE)]
 
     def environment(self, spec: RunSpec) -> dict[str, str]:
@@ -82,16 +90,34 @@ class LocalLauncher:
         with (run_dir / LOG_FILE).open("ab") as log_file:
             log_file.write(f"[scalebench] {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
             log_file.flush()
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                    env=self.environment(spec), cwd=str(run_dir), start_new_session=True,
-                                    preexec_fn=procs.set_parent_death_signal, close_fds=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.environment(spec),
+                cwd=str(run_dir),
+                start_new_session=True,
+                preexec_fn=procs.set_parent_death_signal,
+                close_fds=True,
+            )
         _CHILDREN[proc.pid] = proc
         now = time.time()
-        handle = LaunchHandle(run_id=run_id, run_dir=str(run_dir), launcher=self.name, pid=proc.pid,
-                              started_at=now, deadline=now + spec.timeout_s,
-                              extra={"pgid": proc.pid, "host": socket.gethostname(),
-                                     "start_ticks": procs.start_time_ticks(proc.pid),
-                                     "spec_arg": str(run_dir / SPEC_FILE), "timeout_s": spec.timeout_s})
+        handle = LaunchHandle(
+            run_id=run_id,
+            run_dir=str(run_dir),
+            launcher=self.name,
+            pid=proc.pid,
+            started_at=now,
+            deadline=now + spec.timeout_s,
+            extra={
+                "pgid": proc.pid,
+                "host": socket.gethostname(),
+                "start_ticks": procs.start_time_ticks(proc.pid),
+                "spec_arg": str(run_dir / SPEC_FILE),
+                "timeout_s": spec.timeout_s,
+            },
+        )
         handle.save()
         log.info("run %s: started torchrun pid %d with %d ranks in %s", run_id, proc.pid, spec.num_devices, run_dir)
         return handle
@@ -114,8 +140,13 @@ class LocalLauncher:
         log.warning("run %s: past its wall-clock limit (%s s): ending its process group", handle.run_id, limit_s)
         self._terminate(handle)
         tail = log_tail(handle.run_dir)
-        return LaunchOutcome(state="failed", error_kind="timeout", exit_code=None, log_tail=tail,
-                             message=f"the run exceeded its wall-clock limit of {limit_s} s (timeout_s) and was ended")
+        return LaunchOutcome(
+            state="failed",
+            error_kind="timeout",
+            exit_code=None,
+            log_tail=tail,
+            message=f"the run exceeded its wall-clock limit of {limit_s} s (timeout_s) and was ended",
+        )
 
     def finish(self, handle: LaunchHandle, grace_s: float = 30.0, stop_waiting=None) -> None:
         """After a result was taken early: wait for torchrun's teardown (the node is not free before), then
@@ -124,8 +155,11 @@ class LocalLauncher:
         while _status(handle)[0] and time.monotonic() < deadline and not (stop_waiting and stop_waiting()):
             time.sleep(0.1)
         if _status(handle)[0]:
-            log.warning("run %s: torchrun still alive %.0f s after its result: ending it", handle.run_id,
-                        grace_s - max(0.0, deadline - time.monotonic()))
+            log.warning(
+                "run %s: torchrun still alive %.0f s after its result: ending it",
+                handle.run_id,
+                grace_s - max(0.0, deadline - time.monotonic()),
+            )
             self._terminate(handle, grace_s=1.0 if stop_waiting and stop_waiting() else None)
         _CHILDREN.pop(handle.pid or -1, None)
         self._sweep(handle)
@@ -143,9 +177,12 @@ class LocalLauncher:
         if pgid is not None and not procs.is_alive(pgid, handle.extra.get("start_ticks")):
             pgid = None  # exited already (or the pid was reused): signal nothing by pid
         proc = _CHILDREN.get(handle.pid or -1)
-        procs.terminate_run_processes(pgid, handle.extra.get("spec_arg", str(Path(handle.run_dir) / SPEC_FILE)),
-                                      grace_s=self.kill_grace_s if grace_s is None else grace_s,
-                                      reap=proc.poll if proc else None)
+        procs.terminate_run_processes(
+            pgid,
+            handle.extra.get("spec_arg", str(Path(handle.run_dir) / SPEC_FILE)),
+            grace_s=self.kill_grace_s if grace_s is None else grace_s,
+            reap=proc.poll if proc else None,
+        )
         _CHILDREN.pop(handle.pid or -1, None)
 
     def _sweep(self, handle: LaunchHandle) -> None:
@@ -186,17 +223,39 @@ def outcome_from_run_dir(run_dir: str | Path, exit_code: int | None) -> LaunchOu
         if result.status == "succeeded":
             return LaunchOutcome(state="succeeded", result=result, exit_code=exit_code, log_tail=tail)
         assert result.error is not None
-        return LaunchOutcome(state="failed", result=result, error_kind=result.error.kind,
-                             message=result.error.message, exit_code=exit_code, log_tail=tail)
+        return LaunchOutcome(
+            state="failed",
+            result=result,
+            error_kind=result.error.kind,
+            message=result.error.message,
+            exit_code=exit_code,
+            log_tail=tail,
+        )
     if exit_code is not None and exit_code < 0:
         # Killed by a signal that we did not send (we return 'timeout'/'cancelled' for ours): the node's OOM
         # killer, an operator, a preemption. Worth a bounded retry.
         name = signal.Signals(-exit_code).name
-        return LaunchOutcome(state="failed", error_kind="infrastructure", exit_code=exit_code, log_tail=tail,
-                             retryable=True, message=f"torchrun was killed by {name} and wrote no result ({why})")
+        return LaunchOutcome(
+            state="failed",
+            error_kind="infrastructure",
+            exit_code=exit_code,
+            log_tail=tail,
+            retryable=True,
+            message=f"torchrun was killed by {name} and wrote no result ({why})",
+        )
     if exit_code == 0:
-        return LaunchOutcome(state="failed", error_kind="result_missing", exit_code=0, log_tail=tail,
-                             message=f"torchrun exited 0 but {why}")
+        return LaunchOutcome(
+            state="failed",
+            error_kind="result_missing",
+            exit_code=0,
+            log_tail=tail,
+            message=f"torchrun exited 0 but {why}",
+        )
     code = "unknown" if exit_code is None else str(exit_code)
-    return LaunchOutcome(state="failed", error_kind="error", exit_code=exit_code, log_tail=tail,
-                         message=f"torchrun exited with code {code} and {why}")
+    return LaunchOutcome(
+        state="failed",
+        error_kind="error",
+        exit_code=exit_code,
+        log_tail=tail,
+        message=f"torchrun exited with code {code} and {why}",
+    )

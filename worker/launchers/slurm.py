@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.clusters import Cluster, SlurmOptions
-from core.specs import RunSpec
-from worker.engines import engine_for
+from core.contracts.clusters import Cluster, SlurmOptions
+from core.contracts.specs import RunSpec
+from core.engines.registry import program_for
 from worker.launchers.base import (
     LOG_FILE,
     RESULT_FILE,
@@ -42,8 +42,21 @@ SCRIPT_FILE = "job.sbatch"
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Worker environment passed into the job script by name (captured at submission): collective-library and
 # allocator tuning. *_VISIBLE_DEVICES are left to Slurm's GPU binding.
-ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "HSA_", "MIOPEN_", "UCX_", "FI_",
-                "TORCHINDUCTOR_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS")
+ENV_PREFIXES = (
+    "NCCL_",
+    "RCCL_",
+    "TORCH_NCCL_",
+    "TORCH_DISTRIBUTED_",
+    "GLOO_",
+    "HSA_",
+    "MIOPEN_",
+    "UCX_",
+    "FI_",
+    "TORCHINDUCTOR_",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+)
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The worker's own secrets stay out of the job (sbatch --export=ALL copies sbatch's environment into it).
 SECRET_ENV_RE = re.compile(r"^(SCALEBENCH_.*|DATABASE_URL|REDIS_URL|.*(PASSWORD|SECRET|TOKEN).*)$", re.IGNORECASE)
@@ -77,16 +90,22 @@ def job_layout(cluster: Cluster, num_devices: int) -> JobLayout:
     opts = cluster.slurm or SlurmOptions()
     tasks_per_node = opts.tasks_per_node
     if tasks_per_node > 1 and cluster.vendor != "cpu":
-        raise ValueError(f"slurm tasks_per_node({tasks_per_node}) > 1 is for vendor 'cpu' only: the GPUs of a "
-                         f"node belong to one torchrun agent (cluster {cluster.name!r} is {cluster.vendor!r})")
+        raise ValueError(
+            f"slurm tasks_per_node({tasks_per_node}) > 1 is for vendor 'cpu' only: the GPUs of a "
+            f"node belong to one torchrun agent (cluster {cluster.name!r} is {cluster.vendor!r})"
+        )
     num_nodes = math.ceil(num_devices / cluster.gpus_per_node)
     if num_nodes > cluster.max_nodes:
-        raise ValueError(f"N={num_devices} needs {num_nodes} nodes of {cluster.gpus_per_node}; "
-                         f"cluster {cluster.name!r} has max_nodes({cluster.max_nodes})")
+        raise ValueError(
+            f"N={num_devices} needs {num_nodes} nodes of {cluster.gpus_per_node}; "
+            f"cluster {cluster.name!r} has max_nodes({cluster.max_nodes})"
+        )
     num_tasks = num_nodes * tasks_per_node
     if num_devices % num_tasks:
-        raise ValueError(f"N={num_devices} does not split evenly over {num_nodes} node(s) x "
-                         f"{tasks_per_node} task(s) (gpus_per_node={cluster.gpus_per_node})")
+        raise ValueError(
+            f"N={num_devices} does not split evenly over {num_nodes} node(s) x "
+            f"{tasks_per_node} task(s) (gpus_per_node={cluster.gpus_per_node})"
+        )
     ranks_per_task = num_devices // num_tasks
     gpus = None if cluster.vendor == "cpu" else ranks_per_task
     return JobLayout(num_nodes, tasks_per_node, ranks_per_task, gpus)
@@ -139,11 +158,18 @@ def sbatch_args(cluster: Cluster, spec: RunSpec, run_id: str, run_dir: Path) -> 
     """The sbatch argument list (the script path is appended by the caller)."""
     opts = cluster.slurm or SlurmOptions()
     lay = job_layout(cluster, spec.num_devices)
-    args = ["--parsable", f"--job-name=scalebench-{run_id}", f"--nodes={lay.num_nodes}",
-            f"--ntasks-per-node={lay.tasks_per_node}", f"--output={run_dir / LOG_FILE}", "--open-mode=append",
-            f"--chdir={run_dir}", f"--time={format_slurm_time(time_limit_s(cluster, spec))}",
-            "--no-requeue",  # node failure/preemption comes back to the service, which retries with a budget
-            "--export=ALL"]
+    args = [
+        "--parsable",
+        f"--job-name=scalebench-{run_id}",
+        f"--nodes={lay.num_nodes}",
+        f"--ntasks-per-node={lay.tasks_per_node}",
+        f"--output={run_dir / LOG_FILE}",
+        "--open-mode=append",
+        f"--chdir={run_dir}",
+        f"--time={format_slurm_time(time_limit_s(cluster, spec))}",
+        "--no-requeue",  # node failure/preemption comes back to the service, which retries with a budget
+        "--export=ALL",
+    ]
     has_gres = any(a.split("=", 1)[0] == "--gres" for a in opts.extra_args)
     if lay.gpus_per_node is not None and not has_gres:
         args.append(f"--gpus-per-node={lay.gpus_per_node}")
@@ -163,8 +189,16 @@ def submit_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     return {k: v for k, v in env.items() if not SECRET_ENV_RE.match(k)}
 
 
-def render_script(cluster: Cluster, spec: RunSpec, run_id: str, run_dir: Path, *, python: str,
-                  env: dict[str, str], code_dir: Path = REPO_ROOT) -> str:
+def render_script(
+    cluster: Cluster,
+    spec: RunSpec,
+    run_id: str,
+    run_dir: Path,
+    *,
+    python: str,
+    env: dict[str, str],
+    code_dir: Path = REPO_ROOT,
+) -> str:
     """The job script: literals only, each through shlex.quote; shell variables come from Slurm itself.
     code_dir (this checkout, by default) goes first on PYTHONPATH: the nodes must see it, like the run dir."""
     lay = job_layout(cluster, spec.num_devices)
@@ -189,7 +223,7 @@ def render_script(cluster: Cluster, spec: RunSpec, run_id: str, run_dir: Path, *
         "rdzv_port=$(( 20000 + SLURM_JOB_ID % 10000 ))  # per job: two jobs may share a first node",
         'echo "[scalebench] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $head_node:$rdzv_port"',
     ]
-    program = engine_for(spec).program(spec)
+    program = program_for(spec)
     args = f"-m {q(program.module)} --spec {q(str(run_dir / SPEC_FILE))} --out {q(str(run_dir / RESULT_FILE))}"
     if program.under_torchrun:
         lines += [
@@ -236,19 +270,45 @@ def outcome_for_state(job: JobState, run_dir: str | Path) -> LaunchOutcome:
         return out
     # Slurm ended the job: its state is the outcome (no `result`, which a worker would record instead).
     if s in ("TIMEOUT", "DEADLINE"):
-        return LaunchOutcome(state="failed", error_kind="timeout", exit_code=job.exit_code,
-                             log_tail=tail, message=f"Slurm ended the job at its time limit: {where}")
+        return LaunchOutcome(
+            state="failed",
+            error_kind="timeout",
+            exit_code=job.exit_code,
+            log_tail=tail,
+            message=f"Slurm ended the job at its time limit: {where}",
+        )
     if s == "OUT_OF_MEMORY":
-        return LaunchOutcome(state="failed", error_kind="oom", exit_code=job.exit_code,
-                             log_tail=tail, message=f"Slurm ended the job for host memory: {where}")
+        return LaunchOutcome(
+            state="failed",
+            error_kind="oom",
+            exit_code=job.exit_code,
+            log_tail=tail,
+            message=f"Slurm ended the job for host memory: {where}",
+        )
     if s == "CANCELLED":
-        return LaunchOutcome(state="cancelled", error_kind="cancelled", exit_code=job.exit_code,
-                             log_tail=tail, message=f"the Slurm job was cancelled: {where}")
+        return LaunchOutcome(
+            state="cancelled",
+            error_kind="cancelled",
+            exit_code=job.exit_code,
+            log_tail=tail,
+            message=f"the Slurm job was cancelled: {where}",
+        )
     if s in INFRA_STATES:
-        return LaunchOutcome(state="failed", error_kind="infrastructure", exit_code=job.exit_code,
-                             log_tail=tail, retryable=True, message=f"infrastructure failure: {where}")
-    return LaunchOutcome(state="failed", error_kind="infrastructure", exit_code=job.exit_code,
-                         log_tail=tail, message=f"unexpected {where}")
+        return LaunchOutcome(
+            state="failed",
+            error_kind="infrastructure",
+            exit_code=job.exit_code,
+            log_tail=tail,
+            retryable=True,
+            message=f"infrastructure failure: {where}",
+        )
+    return LaunchOutcome(
+        state="failed",
+        error_kind="infrastructure",
+        exit_code=job.exit_code,
+        log_tail=tail,
+        message=f"unexpected {where}",
+    )
 
 
 def _exit_pair(text: str | None) -> tuple[int | None, int | None]:
@@ -281,8 +341,7 @@ def parse_sacct(text: str) -> JobState | None:
 
 def _run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
-                              env=env)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, env=env)
     except FileNotFoundError as exc:
         raise SlurmError(f"{cmd[0]} is not installed on this worker ({exc})") from exc
     except subprocess.TimeoutExpired as exc:
@@ -310,8 +369,15 @@ class SlurmLauncher:
 
     name = "slurm"
 
-    def __init__(self, cluster: Cluster, *, python: str | None = None, env: dict[str, str] | None = None,
-                 command_timeout_s: float = 30.0, query_interval_s: float = 5.0):
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+        command_timeout_s: float = 30.0,
+        query_interval_s: float = 5.0,
+    ):
         if cluster.launcher != "slurm":
             raise ValueError(f"cluster {cluster.name!r} has launcher {cluster.launcher!r}, not 'slurm'")
         self.cluster = cluster
@@ -341,10 +407,20 @@ class SlurmLauncher:
         job_id = proc.stdout.strip().split(";", 1)[0]  # --parsable: "JOBID" or "JOBID;CLUSTER"
         if proc.returncode != 0 or not job_id.isdigit():
             raise SlurmError(f"sbatch refused run {run_id}: {proc.stderr.strip() or proc.stdout.strip()}")
-        handle = LaunchHandle(run_id=run_id, run_dir=str(run_dir), launcher=self.name, job_id=job_id,
-                              started_at=time.time(), deadline=None,  # Slurm enforces --time; queue time is free
-                              extra={"cluster": self.cluster.name, "time_limit_s": time_limit_s(self.cluster, spec),
-                                     "sbatch_args": args, "last_state": "PENDING"})
+        handle = LaunchHandle(
+            run_id=run_id,
+            run_dir=str(run_dir),
+            launcher=self.name,
+            job_id=job_id,
+            started_at=time.time(),
+            deadline=None,  # Slurm enforces --time; queue time is free
+            extra={
+                "cluster": self.cluster.name,
+                "time_limit_s": time_limit_s(self.cluster, spec),
+                "sbatch_args": args,
+                "last_state": "PENDING",
+            },
+        )
         handle.save()
         log.info("run %s: submitted Slurm job %s (%s)", run_id, job_id, " ".join(args[1:4]))
         return handle
@@ -359,8 +435,9 @@ class SlurmLauncher:
         except SlurmError as exc:  # controller restarting or unreachable: not the run's fault, ask again later
             log.warning("run %s: %s", handle.run_id, exc)
             last = handle.extra.get("last_state", "PENDING")
-            return LaunchOutcome(state="pending" if last in PENDING_STATES else "running",
-                                 message=f"slurm did not answer: {exc}")
+            return LaunchOutcome(
+                state="pending" if last in PENDING_STATES else "running", message=f"slurm did not answer: {exc}"
+            )
         if job is None:
             return self._vanished(handle)
         if job.state != handle.extra.get("last_state"):
@@ -377,9 +454,13 @@ class SlurmLauncher:
         result, why = read_result(handle.run_dir)
         if result is not None:
             return outcome_from_run_dir(handle.run_dir, None)
-        return LaunchOutcome(state="failed", error_kind="result_missing", log_tail=log_tail(handle.run_dir),
-                             message=f"Slurm has no record of job {handle.job_id} (it left the controller and "
-                                     f"no sacct accounting answers) and {why}")
+        return LaunchOutcome(
+            state="failed",
+            error_kind="result_missing",
+            log_tail=log_tail(handle.run_dir),
+            message=f"Slurm has no record of job {handle.job_id} (it left the controller and "
+            f"no sacct accounting answers) and {why}",
+        )
 
     def cancel(self, handle: LaunchHandle) -> None:
         assert handle.job_id, f"run {handle.run_id}: handle has no Slurm job id"
@@ -391,8 +472,9 @@ class SlurmLauncher:
         handle.save()
         log.info("run %s: cancelled Slurm job %s", handle.run_id, handle.job_id)
 
-    def find_job(self, run_id: str, run_dir: str | Path, since_s: float,
-                 newer_than_job: str | None = None) -> LaunchHandle | None:
+    def find_job(
+        self, run_id: str, run_dir: str | Path, since_s: float, newer_than_job: str | None = None
+    ) -> LaunchHandle | None:
         """A job submitted for this run (job name scalebench-<run_id>, working directory run_dir) at or after
         since_s (unix s), newer than job `newer_than_job` (one whose outcome was taken), found by its name in
         the controller (squeue) or in accounting (sacct); its handle (saved as handle.json), or None.
@@ -401,15 +483,25 @@ class SlurmLauncher:
         asked (then nobody can tell)."""
         name, run_dir = f"scalebench-{run_id}", str(Path(run_dir).resolve())
         found = self._jobs_named(name)
-        ours = [(int(job_id), submit_s) for job_id, work_dir, submit_s in found
-                if work_dir == run_dir and submit_s >= math.floor(since_s)
-                and (newer_than_job is None or int(job_id) > int(newer_than_job))]
+        ours = [
+            (int(job_id), submit_s)
+            for job_id, work_dir, submit_s in found
+            if work_dir == run_dir
+            and submit_s >= math.floor(since_s)
+            and (newer_than_job is None or int(job_id) > int(newer_than_job))
+        ]
         if not ours:
             return None
         job_id, submit_s = max(ours)  # the newest submission (the one the dead worker made)
-        handle = LaunchHandle(run_id=run_id, run_dir=run_dir, launcher=self.name, job_id=str(job_id),
-                              started_at=max(float(submit_s), since_s), deadline=None,
-                              extra={"cluster": self.cluster.name, "last_state": "PENDING", "found_by_name": name})
+        handle = LaunchHandle(
+            run_id=run_id,
+            run_dir=run_dir,
+            launcher=self.name,
+            job_id=str(job_id),
+            started_at=max(float(submit_s), since_s),
+            deadline=None,
+            extra={"cluster": self.cluster.name, "last_state": "PENDING", "found_by_name": name},
+        )
         handle.save()
         log.warning("run %s: found Slurm job %s by its name %s (no handle.json): re-attaching", run_id, job_id, name)
         return handle
@@ -421,8 +513,10 @@ class SlurmLauncher:
             raise SlurmError(f"squeue --name={name}: {sq.stderr.strip() or sq.stdout.strip()}")
         rows = [line.split("|") for line in sq.stdout.splitlines()]
         # Jobs that left the controller (MinJobAge) are in accounting, where slurmdbd runs; without it sacct fails.
-        sa = _run(["sacct", "-X", "-n", "-P", f"--name={name}", "-S", "now-7days", "-o", "JobID,WorkDir,Submit"],
-                  self.command_timeout_s)
+        sa = _run(
+            ["sacct", "-X", "-n", "-P", f"--name={name}", "-S", "now-7days", "-o", "JobID,WorkDir,Submit"],
+            self.command_timeout_s,
+        )
         if sa.returncode == 0:
             rows += [line.split("|") for line in sa.stdout.splitlines()]
         jobs = []

@@ -1,0 +1,1 @@
+"""Tables of the world, each entry with its source: model shapes and device peaks."""

@@ -1,0 +1,125 @@
+"""Named Llama-3 shapes and the FLOPs-per-token formula (one home for both).
+
+Shapes are the published Llama-3 / 3.1 / 3.2 configurations (params.json of the released checkpoints);
+`debug` is a tiny shape for CPU tests and the demo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+MODEL_NAMES = ("debug", "1b", "8b", "70b", "405b")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    ffn_dim_multiplier: float | None
+    multiple_of: int
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        # Llama-3 FeedForward sizing (reference model.py): 2/3 of 4*dim, scaled, rounded up to multiple_of.
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Parameter count of the plain model (untied embedding and output, RMSNorm weights)."""
+        d, h = self.dim, self.ffn_hidden_dim
+        kv_dim = self.num_kv_heads * self.head_dim
+        attn = d * d + 2 * d * kv_dim + d * d  # wq, wk, wv, wo
+        ffn = 3 * d * h  # w1, w2, w3
+        per_layer = attn + ffn + 2 * d  # two RMSNorm weights
+        total = self.num_layers * per_layer + d + self.vocab_size * d  # final norm + output
+        if include_embedding:
+            total += self.vocab_size * d
+        return total
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (torchtitan `get_num_flop_per_token`, PaLM appendix B).
+
+        6 * N (N = params without the token embedding) for the dense matmuls forward and backward,
+        plus 12 * L * H * head_dim * T for the attention score and value products.
+        """
+        n = self.num_params(include_embedding=False)
+        return 6 * n + 12 * self.num_layers * self.num_heads * self.head_dim * seq_len
+
+
+SHAPES: dict[str, ModelShape] = {
+    "debug": ModelShape(
+        "debug",
+        dim=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        vocab_size=2048,
+        ffn_dim_multiplier=None,
+        multiple_of=256,
+    ),
+    # Llama-3.2-1B
+    "1b": ModelShape(
+        "1b",
+        dim=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        vocab_size=128256,
+        ffn_dim_multiplier=1.5,
+        multiple_of=256,
+    ),
+    # Llama-3.1-8B
+    "8b": ModelShape(
+        "8b",
+        dim=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        vocab_size=128256,
+        ffn_dim_multiplier=1.3,
+        multiple_of=1024,
+    ),
+    # Llama-3.1-70B
+    "70b": ModelShape(
+        "70b",
+        dim=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        vocab_size=128256,
+        ffn_dim_multiplier=1.3,
+        multiple_of=4096,
+    ),
+    # Llama-3.1-405B
+    "405b": ModelShape(
+        "405b",
+        dim=16384,
+        num_layers=126,
+        num_heads=128,
+        num_kv_heads=8,
+        vocab_size=128256,
+        ffn_dim_multiplier=1.2,
+        multiple_of=4096,
+    ),
+}
+
+
+def get_shape(name: str, num_layers: int | None = None, vocab_size: int | None = None) -> ModelShape:
+    """A named shape, with its layer count and vocabulary (a tokenizer's) overridden when given."""
+    if name not in SHAPES:
+        raise ValueError(f"model: unknown shape {name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    shape = SHAPES[name]
+    shape = replace(shape, num_layers=num_layers) if num_layers else shape
+    return replace(shape, vocab_size=vocab_size) if vocab_size else shape

@@ -1,0 +1,1 @@
+"""What travels between the parts of the service: specs and results, clusters, the matrix, schedules."""

@@ -1,0 +1,25 @@
+"""The projection's fitted constants, in one place: each was fitted (or calibrated) on the published scaling
+results in bench/published/ by `python bench/projection_validation.py`, leave one source out; the recorded run is
+bench/results/2026-12-04-projection-validation.md, and tests/bench/test_projection_validation.py checks that these
+values are the ones it printed. Refit them only by rerunning that script.
+"""
+
+from __future__ import annotations
+
+# Compute units a running collective takes from the compute it overlaps (its kernels' blocks and memory bandwidth).
+COLLECTIVE_UNITS = 64.0
+# Achieved / nominal bus bandwidth of a ring inside a node (NVLink, Infinity Fabric) and across nodes (NICs).
+INTRA_NODE_EFFICIENCY = 0.85
+INTER_NODE_EFFICIENCY = 1.0
+# Device-to-device speed spread (std / mean) and the shape of its slow tail: a step waits for the slowest device.
+DEVICE_SPEED_CV = 0.005
+STRAGGLER_TAIL = "exponential"
+
+# The 80% prediction interval of a projected E(N): +- INTERVAL_PP_PER_DOUBLING percentage points per doubling of
+# N / N0, the split-conformal quantile of the sources' out-of-sample miss scores.
+INTERVAL_COVERAGE = 0.8
+INTERVAL_PP_PER_DOUBLING = 1.47
+INTERVAL_NESTED_COVERAGE = 0.90  # share of the published points inside the interval, each source left out
+VALIDATED_MAX_DEVICES = 2304  # the largest N of the published series; beyond it the interval extrapolates
+VALIDATED_SERIES, VALIDATED_SOURCES = 24, 8  # the published set the constants were fitted and checked on
+VALIDATION_MEAN_MISS_PP = 1.36  # out-of-sample mean absolute miss of E(N) over series, leave one source out

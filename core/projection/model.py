@@ -1,0 +1,505 @@
+"""Projected scaling curves from measured points (pure): X(N), E(N), S(N) at device counts not measured.
+
+For each series of a scaling report (core.analysis.scaling): take its smallest measured N (N0), find the per-device
+compute time there, then model the step at every asked N (core.projection.step_model: compute + the collectives the
+layout needs, minus what overlap hides, on the cluster's network, core.projection.network).
+
+- Compute at N0: with a step breakdown (the run result's `breakdown.median`, ms per step), the compute share
+  (step_ms - exposed_communication_ms - idle_ms) / step_ms of the step, less the model's own slow-down of
+  overlapped compute; without one, the compute for which the model reproduces the measured step time.
+- Weak scaling keeps the compute per device; strong scaling divides it by dp(N) / dp(N0).
+- Projected E(N) = X(N) / (X(N0) N / N0) on the projected curve; S(N) = X_fp8(N) / X_bf16(N), both projected.
+- Where a point was also measured, both are given, with the error (projected - measured) / measured.
+- Calibration (optional): fit the inter-node efficiency and the device speed spread to the series' measured
+  points beyond N0 (only the spread with one such point), and report the fit's error before and after.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from core.analysis.scaling import ScalingReport, Series, SeriesKey
+from core.contracts.base import Frozen
+from core.contracts.specs import FP8_PRECISIONS
+from core.projection.constants import (
+    INTERVAL_NESTED_COVERAGE,
+    INTERVAL_PP_PER_DOUBLING,
+    VALIDATED_MAX_DEVICES,
+    VALIDATED_SERIES,
+    VALIDATED_SOURCES,
+    VALIDATION_MEAN_MISS_PP,
+)
+from core.projection.network import Network
+from core.projection.step_model import StepParts, Workload, solve_compute, step_time
+
+BREAKDOWN_KEYS = (
+    "step_ms",
+    "communication_ms",
+    "exposed_communication_ms",
+    "overlapped_communication_ms",
+    "idle_ms",
+    "gemm_bf16_ms",
+    "gemm_fp8_ms",
+    "fp8_cast_ms",
+    "attention_ms",
+    "elementwise_ms",
+    "optimizer_ms",
+)
+
+ASSUMPTIONS = (
+    "collective cost: alpha-beta model of NCCL/RCCL rings (all-gather, reduce-scatter) and the faster of ring "
+    "and tree (all-reduce); latency per call and per ring step from NCCL's tuning model",
+    "a ring crossing nodes uses one channel per NIC (rail-aligned): bus bandwidth = min(intra-node per GPU x "
+    "efficiency, NIC per GPU x efficiency x ranks of the group per node)",
+    "FSDP/HSDP: per-block units plus a root unit (embedding, output, final norm); forward gathers all, "
+    "backward all but the last block and the root; gradients reduce-scattered in fp32; one-block prefetch",
+    "fp8 all-gather (fp8-tensorwise with fp8_all_gather): block linear weights gathered in 1 byte; norms and "
+    "root in bf16; the small amax all-reduce of the scales is not modelled",
+    "DDP: one fp32 all-reduce bucket per block and one for the root; TP: sequence-parallel collectives on the "
+    "critical path (no async TP), activations gathered in fp8 with fp8-tensorwise",
+    "forward : backward compute = 1 : 2 (1 : 3 with full activation checkpointing); the output layer's "
+    "compute (6 V d FLOPs per token) runs outside the per-block overlap",
+    "overlapped compute runs slower by collective_sm_fraction while a collective occupies compute units (64 of "
+    "the device's SMs or CUs by default, fitted on published results)",
+    "a step waits for the slowest of N devices: compute x (1 + device_speed_cv x z(N)), z(N) = H_N - 1 for an "
+    "exponential tail of device speeds (straggler_tail), E[max of N normals] for a normal one",
+    "without a breakdown the optimizer step is part of the compute and does not shrink with sharding; with "
+    "one, optimizer_ms shrinks with the shard count and idle_ms is carried unchanged",
+    "constants (collective share, intra- and inter-node link efficiency, device spread) fitted to "
+    f"{VALIDATED_SERIES} published series of {VALIDATED_SOURCES} sources, both vendors; out of sample (each source "
+    f"left out) the projected E(N) missed by {VALIDATION_MEAN_MISS_PP} pp on average over series "
+    "(bench/projection_validation.py)",
+    f"80% interval: E +- {INTERVAL_PP_PER_DOUBLING} pp per doubling of N / N0 (from the out-of-sample misses, "
+    f"calibrated per source; {INTERVAL_NESTED_COVERAGE:.0%} of the published points fell inside it when each "
+    f"source was left out; checked up to N = {VALIDATED_MAX_DEVICES})",
+)
+
+
+# What a calibration may move, and within which bounds.
+FIT_RANGES = {"inter_node_efficiency": (0.05, 1.0), "device_speed_cv": (0.0, 0.1)}
+
+
+class ProjectedPoint(Frozen):
+    num_devices: int
+    status: Literal["projected"] = "projected"
+    tokens_per_sec: float  # projected X(N), global
+    tokens_per_sec_per_device: float
+    efficiency: float  # projected E(N) against the projected X(N0)
+    fp8_speedup: float | None = None  # projected S(N); fp8 series with a bf16 partner
+    step_ms: float
+    compute_ms: float
+    straggler_ms: float
+    communication_ms: float
+    exposed_communication_ms: float
+    hidden_communication_ms: float
+    interference_ms: float
+    tp_communication_ms: float
+    optimizer_ms: float
+    idle_ms: float
+    dp_bus_gb_per_s: float
+    dp_bound: str  # none | intra-node | inter-node
+    beyond_cluster: bool = False  # N above the cluster's configured size
+    # 80% prediction interval (INTERVAL_PP_PER_DOUBLING x |log2(N / N0)| pp around E, X scaled alike)
+    efficiency_low: float | None = None
+    efficiency_high: float | None = None
+    tokens_per_sec_low: float | None = None
+    tokens_per_sec_high: float | None = None
+    beyond_validated: bool = False  # N above the largest N the model was checked against (VALIDATED_MAX_DEVICES)
+    note: str | None = None  # why a point looks odd (E above 100%, beyond the validated range)
+    measured_tokens_per_sec: float | None = None
+    measured_efficiency: float | None = None
+    error: float | None = None  # (projected - measured) / measured X(N)
+    efficiency_error_pp: float | None = None  # projected - measured E(N), percentage points
+
+
+class Calibration(Frozen):
+    fitted: bool
+    reason: str | None = None
+    parameters: dict[str, float] = {}
+    num_points: int = 0  # measured points beyond N0 fitted
+    rms_rel_error_before: float | None = None
+    rms_rel_error_after: float | None = None
+    max_abs_rel_error_after: float | None = None
+
+
+class ProjectedSeries(Frozen):
+    key: SeriesKey
+    baseline_num_devices: int | None
+    baseline_tokens_per_sec: float | None  # measured X(N0)
+    compute_source: str  # breakdown | fitted to the measured step
+    compute_ms: float | None  # per device at N0, the mean device, before waiting for the slowest
+    points: list[ProjectedPoint]
+    calibration: Calibration | None = None
+    notes: list[str] = []
+
+
+class NetworkUsed(Frozen):
+    cluster: str
+    source: str  # where the description came from
+    gpus_per_node: int
+    max_devices: int | None
+    inter_node_gb_per_s: float  # per GPU per direction (its NICs)
+    network: Network
+
+
+class ProjectionReport(Frozen):
+    network: NetworkUsed
+    gpu_counts: list[int]
+    assumptions: list[str]
+    series: list[ProjectedSeries]
+
+
+# ------------------------------------------------------------------------------------------- series
+
+
+def _fits(w: Workload, n: int) -> bool:
+    try:
+        w.degrees(n)
+        w.sequences_per_dp_rank(n)
+    except (ValueError, AssertionError):
+        return False
+    return True
+
+
+class _Model:
+    """One series' model: its workload and network, and the compute found at N0."""
+
+    def __init__(
+        self,
+        w: Workload,
+        net: Network,
+        gpus_per_node: int,
+        n0: int,
+        step0_ms: float,
+        breakdown: Mapping[str, float] | None,
+    ):
+        self.w, self.net, self.gpn, self.n0 = w, net, gpus_per_node, n0
+        self.step0_ms, self.breakdown = step0_ms, breakdown
+        bd = breakdown or {}
+        # The breakdown's ms come from the profiled steps; scale them to the measured step time at N0.
+        has_breakdown = float(bd.get("step_ms") or 0.0) > 0
+        scale = step0_ms / bd["step_ms"] if has_breakdown else 0.0
+        self.idle_ms = float(bd.get("idle_ms") or 0.0) * scale
+        self.optimizer0_ms = float(bd.get("optimizer_ms") or 0.0) * scale
+        if has_breakdown:
+            exposed_ms = float(bd.get("exposed_communication_ms") or 0.0) * scale
+            target = step0_ms - exposed_ms - self.idle_ms - self.optimizer0_ms  # compute share x step, less optimizer
+
+            def with_interference(c: float) -> float:
+                p = self.parts(n0, c, optimizer_ms=0.0, idle_ms=0.0)
+                return p.compute_ms + p.interference_ms  # the waits for slower devices show as exposed comm
+
+            self.source = "breakdown"
+            self.compute0_ms = solve_compute(target, with_interference)
+        else:
+            self.source = "fitted to the measured step"
+            self.compute0_ms = solve_compute(step0_ms, lambda c: self.parts(n0, c).step_ms)
+
+    def parts(self, n: int, compute0_ms: float | None = None, **fixed: float) -> StepParts:
+        c0 = compute_ms_scale(self.w, self.n0, n) * (self.compute0_ms if compute0_ms is None else compute0_ms)
+        opt = fixed.get("optimizer_ms", self.optimizer0_ms * _shard_ratio(self.w, self.n0, n))
+        idle = fixed.get("idle_ms", self.idle_ms)
+        return step_time(self.w, self.net, n, self.gpn, c0, optimizer_ms=opt, idle_ms=idle)
+
+    def tokens_per_sec(self, n: int) -> float:
+        return self.w.tokens_per_step(n) / self.parts(n).step_ms * 1e3
+
+
+def projected_efficiency(
+    w: Workload, net: Network, gpus_per_node: int, n0: int, tokens_per_sec_n0: float, counts: Sequence[int]
+) -> dict[int, float]:
+    """E(N) = X(N) / (X(N0) N / N0) projected from the one measured X(N0) (global tokens/s), without a breakdown:
+    the path project_series takes, without building its report (bench/projection_validation.py calls it
+    thousands of times)."""
+    step0_ms = w.tokens_per_step(n0) / tokens_per_sec_n0 * 1e3
+    model = _Model(w, net, gpus_per_node, n0, step0_ms, None)
+    step0 = model.parts(n0).step_ms
+    out = {}
+    for n in counts:
+        step_ms = model.parts(n).step_ms if _fits(w, n) else 0.0
+        if not (0.0 < step_ms < math.inf):
+            continue  # a step the model cannot time (a measured step ~0 ms at N0 = 1): no point, never a raise
+        eff = (w.tokens_per_step(n) / w.tokens_per_step(n0)) * (step0 / step_ms) * (n0 / n)
+        if math.isfinite(eff):
+            out[n] = eff
+    return out
+
+
+def interval_half_width(n: int, n0: int) -> float:
+    """Half-width of the 80% interval of E(N) (a fraction): it grows with the doublings from N0."""
+    return INTERVAL_PP_PER_DOUBLING / 100 * abs(math.log2(n / n0))
+
+
+def _point_note(w: Workload, n: int, n0: int, eff: float, optimizer_ms: float, optimizer0_ms: float) -> str | None:
+    notes = []
+    if eff > 1 + 1e-9:
+        if optimizer_ms < optimizer0_ms and w.degrees(n).dp_mode in ("fsdp", "hsdp"):
+            notes.append(
+                f"E above 100%: the optimizer step is sharded over more devices than at N0={n0} "
+                f"({optimizer0_ms:.3g} -> {optimizer_ms:.3g} ms), not an error"
+            )
+        else:
+            notes.append(f"E above 100%: the modelled step per token is shorter than at N0={n0}, not an error")
+    if n > VALIDATED_MAX_DEVICES:
+        notes.append(f"beyond the largest validated N ({VALIDATED_MAX_DEVICES}): the interval is extrapolated")
+    return "; ".join(notes) or None
+
+
+def compute_ms_scale(w: Workload, n0: int, n: int) -> float:
+    """Per-device compute at N relative to N0: 1 for weak scaling, tokens per device ratio for strong."""
+    return (w.sequences_per_dp_rank(n) / w.sequences_per_dp_rank(n0)) if w.scaling == "strong" else 1.0
+
+
+def _shard_ratio(w: Workload, n0: int, n: int) -> float:
+    d0, d = w.degrees(n0), w.degrees(n)
+    return d0.dp_shard / d.dp_shard if d.dp_mode in ("fsdp", "hsdp") else 1.0
+
+
+def _around(value: float, width: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    return max(bounds[0], value - width), min(bounds[1], value + width)
+
+
+def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibration, _Model]:
+    pts = {n: x for n, x in measured.items() if n != model.n0 and _fits(model.w, n)}
+    if not pts:
+        return Calibration(fitted=False, reason="needs measured points at 2 or more N (only N0 measured)"), model
+    # The inter-node efficiency only where a second measured point crosses nodes (else nothing constrains it).
+    crosses = any(n > model.gpn for n in pts)
+    names = ("inter_node_efficiency", "device_speed_cv") if len(pts) >= 2 and crosses else ("device_speed_cv",)
+
+    def rms(m: _Model) -> float:
+        # Relative errors (the measured X normalises each point), so 1e-300 and 1e300 tokens/s fit alike; a
+        # ratio that is not a finite number makes the fit inf (never chosen), not an exception.
+        rel = [m.tokens_per_sec(n) / x - 1 for n, x in pts.items()]
+        if not all(math.isfinite(r) for r in rel):
+            return math.inf
+        return math.sqrt(sum((r / len(rel) ** 0.5) ** 2 for r in rel))
+
+    def fit(combo: dict[str, float]) -> tuple[float, _Model]:
+        m = _Model(model.w, model.net.model_copy(update=combo), model.gpn, model.n0, model.step0_ms, model.breakdown)
+        return rms(m), m
+
+    # A coarse grid over each factor's range, then a finer one around the best (bounds: FIT_RANGES).
+    before, ranges = rms(model), {k: FIT_RANGES[k] for k in names}
+    if not math.isfinite(before):
+        return Calibration(
+            fitted=False,
+            reason="the measured points beyond N0 and the model differ by more than the float range: nothing to fit",
+        ), model
+    best = (before, model, {k: getattr(model.net, k) for k in names})  # moved only by a strictly better fit
+    # Each round keeps +-2 of its 8 steps around the best, halving the ranges (keeping +-1 step got stuck where the
+    # two factors trade off).
+    for _ in range(8):
+        grids = {k: [lo + (hi - lo) * i / 8 for i in range(9)] for k, (lo, hi) in ranges.items()}
+        combos: list[dict[str, float]] = [{}]
+        for name in names:
+            combos = [c | {name: v} for c in combos for v in grids[name]]
+        for combo in combos:
+            err, m = fit(combo)
+            if err < best[0]:
+                best = (err, m, combo)
+        ranges = {k: _around(best[2][k], (hi - lo) / 4, FIT_RANGES[k]) for k, (lo, hi) in ranges.items()}
+    err, fitted, combo = best
+    worst = max(abs(fitted.tokens_per_sec(n) / x - 1) for n, x in pts.items())
+    worst = worst if math.isfinite(worst) else None
+    return Calibration(
+        fitted=True,
+        parameters=combo,
+        num_points=len(pts),
+        rms_rel_error_before=before,
+        rms_rel_error_after=err,
+        max_abs_rel_error_after=worst,
+    ), fitted
+
+
+def _workload(key: SeriesKey, spec: Mapping) -> Workload:
+    return Workload(
+        model=key.model,
+        num_layers=key.num_layers,
+        precision=key.precision,
+        layout=key.layout,
+        scaling=key.scaling,
+        seq_len=int(spec.get("seq_len", 2048)),
+        local_batch_size=spec.get("local_batch_size"),
+        global_batch_size=spec.get("global_batch_size"),
+        fp8_all_gather=bool(spec.get("fp8_all_gather", False)),
+        activation_checkpointing=spec.get("activation_checkpointing", "none"),
+    )
+
+
+def _refused(series: Series, reason: str, n0: int | None = None, x0: float | None = None) -> ProjectedSeries:
+    return ProjectedSeries(
+        key=series.key,
+        baseline_num_devices=n0,
+        baseline_tokens_per_sec=x0,
+        compute_source="none",
+        compute_ms=None,
+        points=[],
+        notes=[f"not projected: {reason}"],
+    )
+
+
+def _finite(parts: StepParts) -> bool:
+    return all(math.isfinite(v) for v in vars(parts).values() if isinstance(v, float))
+
+
+def project_series(
+    series: Series,
+    spec: Mapping,
+    net: Network,
+    gpus_per_node: int,
+    gpu_counts: Sequence[int],
+    *,
+    breakdown: Mapping[str, float] | None = None,
+    calibrate: bool = False,
+    max_devices: int | None = None,
+) -> tuple[ProjectedSeries, dict[int, float]]:
+    """One series projected at gpu_counts; also {N: projected X} for the fp8 speedups.
+
+    Total: a stored value the model cannot work with (a step time at N0 beyond the float range, a strong-scaling
+    series without a global batch) refuses the series with the reason in its notes, and a point whose modelled
+    step is not a finite number is left out with a note; nothing raises. E(N) is a ratio of step times and tokens
+    per step (normalised by N0), so it does not depend on the size of X(N0)."""
+    measured = {
+        p.num_devices: p.tokens_per_sec
+        for p in series.points
+        if p.tokens_per_sec and math.isfinite(p.tokens_per_sec) and p.tokens_per_sec > 0
+    }
+    meas_eff = {
+        p.num_devices: p.efficiency for p in series.points if p.efficiency is not None and math.isfinite(p.efficiency)
+    }
+    if not measured:
+        return ProjectedSeries(
+            key=series.key,
+            baseline_num_devices=None,
+            baseline_tokens_per_sec=None,
+            compute_source="none",
+            compute_ms=None,
+            points=[],
+            notes=["no measured point: nothing to project from"],
+        ), {}
+    w, n0 = _workload(series.key, spec), min(measured)
+    try:
+        tokens0 = w.tokens_per_step(n0)
+    except (ValueError, AssertionError) as exc:
+        return _refused(series, str(exc), n0, measured[n0]), {}
+    step0_ms = tokens0 / measured[n0] * 1e3
+    if not (math.isfinite(step0_ms) and step0_ms > 0):
+        return _refused(
+            series,
+            f"X(N0={n0}) = {measured[n0]:.3g} tokens/s gives a step time of {step0_ms:.3g} ms, "
+            "outside what the model can compute with",
+            n0,
+            measured[n0],
+        ), {}
+    model = _Model(w, net, gpus_per_node, n0, step0_ms, breakdown)
+    base = model.parts(n0)
+    if not _finite(base):
+        return _refused(
+            series, f"the modelled step at N0={n0} is not a finite number (step {step0_ms:.3g} ms)", n0, measured[n0]
+        ), {}
+    notes = []
+    if model.compute0_ms == 0.0 and base.step_ms > step0_ms * (1 + 1e-6):
+        notes.append(
+            f"the model's communication alone ({base.step_ms:.3g} ms) exceeds the measured step at "
+            f"N0={n0} ({step0_ms:.3g} ms): compute taken as 0, the projection does not pass through N0"
+        )
+    calibration = None
+    if calibrate:
+        calibration, model = _calibrate(model, measured)
+        base = model.parts(n0)
+    counts = sorted(set(gpu_counts) | set(measured))
+    skipped = [n for n in counts if not _fits(w, n)]
+    points, xs, not_finite = [], {}, []
+    for n in (n for n in counts if n not in skipped):
+        parts = model.parts(n)
+        if not _finite(parts) or parts.step_ms <= 0:
+            not_finite.append(n)
+            continue
+        # E as a ratio of per-device tokens per ms: independent of the size of X(N0)
+        eff = (w.tokens_per_step(n) / w.tokens_per_step(n0)) * (base.step_ms / parts.step_ms) * (n0 / n)
+        x = w.tokens_per_step(n) / parts.step_ms * 1e3
+        xs[n] = x
+        m, me = measured.get(n), meas_eff.get(n)
+        half = interval_half_width(n, n0)
+        low, high = max(0.0, eff - half), eff + half
+        error = (x / m - 1) if m else None
+        points.append(
+            ProjectedPoint(
+                efficiency_low=low,
+                efficiency_high=high,
+                tokens_per_sec_low=x * (low / eff) if eff > 0 else 0.0,
+                tokens_per_sec_high=x * (high / eff) if eff > 0 else None,
+                beyond_validated=n > VALIDATED_MAX_DEVICES,
+                note=_point_note(w, n, n0, eff, parts.optimizer_ms, base.optimizer_ms),
+                num_devices=n,
+                tokens_per_sec=x,
+                tokens_per_sec_per_device=x / n,
+                efficiency=eff,
+                **{k: v for k, v in vars(parts).items() if k != "compute_ms"},
+                compute_ms=parts.compute_ms,
+                beyond_cluster=bool(max_devices and n > max_devices),
+                measured_tokens_per_sec=m,
+                measured_efficiency=me,
+                error=error if error is not None and math.isfinite(error) else None,
+                efficiency_error_pp=100 * (eff - me) if me is not None else None,
+            )
+        )
+    if skipped:
+        notes.append(f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}")
+    if not_finite:
+        notes.append(f"the modelled step is not a finite number at N={', '.join(map(str, not_finite))}: left out")
+    out = ProjectedSeries(
+        key=series.key,
+        baseline_num_devices=n0,
+        baseline_tokens_per_sec=measured[n0],
+        compute_source=model.source,
+        compute_ms=model.compute0_ms,
+        points=points,
+        calibration=calibration,
+        notes=notes,
+    )
+    return out, xs
+
+
+def project_report(
+    report: ScalingReport,
+    spec: Mapping,
+    net: NetworkUsed,
+    gpu_counts: Sequence[int],
+    *,
+    breakdowns: Mapping[tuple[str, str, int], Mapping[str, float]] | None = None,
+    calibrate: bool = False,
+) -> ProjectionReport:
+    """Every series of a scaling report projected; breakdowns keyed by (precision, layout, N)."""
+    out, xs = [], {}
+    for s in report.series:
+        n0 = min((p.num_devices for p in s.points if p.tokens_per_sec), default=None)
+        bd = (breakdowns or {}).get((s.key.precision, s.key.layout, n0)) if n0 else None
+        ps, x = project_series(
+            s,
+            spec,
+            net.network,
+            net.gpus_per_node,
+            gpu_counts,
+            breakdown=bd,
+            calibrate=calibrate,
+            max_devices=net.max_devices,
+        )
+        out.append(ps)
+        xs[s.key] = x
+    out = [_with_speedups(ps, xs) for ps in out]
+    return ProjectionReport(network=net, gpu_counts=sorted(set(gpu_counts)), assumptions=list(ASSUMPTIONS), series=out)
+
+
+def _with_speedups(ps: ProjectedSeries, xs: Mapping[SeriesKey, dict[int, float]]) -> ProjectedSeries:
+    if ps.key.precision not in FP8_PRECISIONS:
+        return ps
+    ref = xs.get(ps.key.model_copy(update={"precision": "bf16"}), {})
+    pts = [
+        p.model_copy(update={"fp8_speedup": p.tokens_per_sec / ref[p.num_devices]}) if p.num_devices in ref else p
+        for p in ps.points
+    ]
+    return ps.model_copy(update={"points": pts})

@@ -1,0 +1,224 @@
+"""A training plan for a token budget (pure): for every engine x precision x layout and device count N, the time to
+train and the GPU-hours, from measured X(N) where the point was measured and from the projection elsewhere.
+
+time_to_train = tokens / X(N); GPU-hours = N x time_to_train. Answers:
+- best per N: the fastest option at that N;
+- fastest: the fastest option within the GPU cap;
+- cheapest_efficient: the fewest GPU-hours (then the fastest) among options whose E(N) >= min_efficiency;
+- fastest_efficient: the fastest option whose E(N) >= min_efficiency.
+E(N) is each series' own (against its smallest measured N); a measured point carries its measured E.
+A projected option carries the projection's 80% interval: E, time and GPU-hours low and high (the time's low
+bound from the interval's high throughput); a measured option's bounds are its own values. An option whose
+throughput cannot give a time (zero or not finite) is left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+from core.analysis.scaling import ScalingReport
+from core.contracts.base import Frozen
+from core.projection.model import ProjectionReport
+
+DEFAULT_MIN_EFFICIENCY = 0.9
+
+
+class PlanOption(Frozen):
+    engine: str = "scalebench"
+    precision: str
+    layout: str
+    num_devices: int
+    source: Literal["measured", "projected"]
+    tokens_per_sec: float  # global X(N)
+    tokens_per_sec_per_device: float
+    efficiency: float | None
+    time_to_train_hours: float
+    gpu_hours: float
+    cost: float | None = None  # gpu_hours x gpu_hour_cost, when a cost was given
+    # 80% interval of a projected option (core.projection.model's); a measured option's bounds are its values
+    efficiency_low: float | None = None
+    efficiency_high: float | None = None
+    time_to_train_hours_low: float | None = None
+    time_to_train_hours_high: float | None = None
+    gpu_hours_low: float | None = None
+    gpu_hours_high: float | None = None
+    beyond_validated: bool = False
+    note: str | None = None  # why a point looks odd (E above 100%, beyond the validated range)
+
+
+class PlanRow(Frozen):
+    num_devices: int
+    best: PlanOption | None  # the fastest option at this N
+    options: list[PlanOption]  # fastest first
+
+
+class Plan(Frozen):
+    tokens: float
+    max_gpus: int
+    min_efficiency: float
+    gpu_hour_cost: float | None
+    gpu_counts: list[int]
+    rows: list[PlanRow]
+    fastest: PlanOption | None
+    cheapest_efficient: PlanOption | None
+    fastest_efficient: PlanOption | None
+    notes: list[str] = []
+
+
+def plan_counts(measured_counts: Iterable[int], max_gpus: int) -> list[int]:
+    """The smallest measured N doubled up to the cap, plus every measured N within it."""
+    measured = sorted(set(measured_counts))
+    if not measured:
+        return []
+    counts, n = set(n for n in measured if n <= max_gpus), measured[0]
+    while n <= max_gpus:
+        counts.add(n)
+        n *= 2
+    return sorted(counts)
+
+
+def _hours(tokens: float, x: float | None) -> float | None:
+    """tokens / X in hours; None where X is not a positive finite number (or the hours are not finite)."""
+    if x is None or not math.isfinite(x) or x <= 0:
+        return None
+    hours = tokens / x / 3600
+    return hours if math.isfinite(hours) else None
+
+
+def _option(
+    engine: str,
+    precision: str,
+    layout: str,
+    n: int,
+    source: str,
+    x: float,
+    eff: float | None,
+    tokens: float,
+    gpu_hour_cost: float | None,
+    *,
+    x_low: float | None = None,
+    x_high: float | None = None,
+    eff_low: float | None = None,
+    eff_high: float | None = None,
+    beyond_validated: bool = False,
+    note: str | None = None,
+) -> PlanOption | None:
+    """One option, or None when its throughput cannot give a time (zero, not finite)."""
+    hours = _hours(tokens, x)
+    if hours is None or not math.isfinite(hours * n):
+        return None
+    cost = hours * n * gpu_hour_cost if gpu_hour_cost is not None else None
+    slow, fast = _hours(tokens, x if x_low is None else x_low), _hours(tokens, x if x_high is None else x_high)
+    slow = slow if slow is not None and math.isfinite(slow * n) else None
+    fast = fast if fast is not None and math.isfinite(fast * n) else None
+    return PlanOption(
+        engine=engine,
+        precision=precision,
+        layout=layout,
+        num_devices=n,
+        source=source,
+        tokens_per_sec=x,
+        tokens_per_sec_per_device=x / n,
+        efficiency=eff,
+        time_to_train_hours=hours,
+        gpu_hours=hours * n,
+        cost=cost if cost is None or math.isfinite(cost) else None,
+        efficiency_low=eff if eff_low is None else eff_low,
+        efficiency_high=eff if eff_high is None else eff_high,
+        time_to_train_hours_low=fast,
+        time_to_train_hours_high=slow,
+        gpu_hours_low=None if fast is None else fast * n,
+        gpu_hours_high=None if slow is None else slow * n,
+        beyond_validated=beyond_validated,
+        note=note,
+    )
+
+
+def build_plan(
+    measured: ScalingReport,
+    projected: ProjectionReport,
+    *,
+    tokens: float,
+    max_gpus: int,
+    min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
+    gpu_hour_cost: float | None = None,
+) -> Plan:
+    counts = [n for n in projected.gpu_counts if n <= max_gpus]
+    options: list[PlanOption] = []
+    dropped: list[str] = []  # options whose throughput gives no finite time (0, a stored value out of range)
+    meas = {
+        (s.key.engine, s.key.precision, s.key.layout): {p.num_devices: p for p in s.points if p.tokens_per_sec}
+        for s in measured.series
+    }
+    for s in projected.series:
+        k = (s.key.engine, s.key.precision, s.key.layout)
+        for p in s.points:
+            if p.num_devices not in counts:
+                continue
+            m = meas.get(k, {}).get(p.num_devices)
+            if m is not None:
+                o = _option(*k, p.num_devices, "measured", m.tokens_per_sec, m.efficiency, tokens, gpu_hour_cost)
+            else:
+                o = _option(
+                    *k,
+                    p.num_devices,
+                    "projected",
+                    p.tokens_per_sec,
+                    p.efficiency,
+                    tokens,
+                    gpu_hour_cost,
+                    x_low=p.tokens_per_sec_low,
+                    x_high=p.tokens_per_sec_high,
+                    eff_low=p.efficiency_low,
+                    eff_high=p.efficiency_high,
+                    beyond_validated=p.beyond_validated,
+                    note=p.note,
+                )
+            if o is not None:
+                options.append(o)
+            else:
+                dropped.append(f"{k[1]} {k[2]} N={p.num_devices}")
+    rows = []
+    for n in counts:
+        at_n = sorted((o for o in options if o.num_devices == n), key=lambda o: -o.tokens_per_sec)
+        rows.append(PlanRow(num_devices=n, best=at_n[0] if at_n else None, options=at_n))
+    efficient = [o for o in options if o.efficiency is not None and o.efficiency >= min_efficiency]
+    notes = [] if options or dropped else [f"no option within max_gpus={max_gpus}: the smallest measured N is larger"]
+    if options and not efficient:
+        notes.append(f"no option keeps efficiency >= {min_efficiency:g}")
+    if dropped:
+        notes.append(f"left out, their throughput gives no finite time or GPU-hours: {', '.join(dropped)}")
+    return Plan(
+        tokens=tokens,
+        max_gpus=max_gpus,
+        min_efficiency=min_efficiency,
+        gpu_hour_cost=gpu_hour_cost,
+        gpu_counts=counts,
+        rows=rows,
+        notes=notes,
+        fastest=max(options, key=lambda o: o.tokens_per_sec, default=None),
+        cheapest_efficient=min(efficient, key=lambda o: (o.gpu_hours, -o.tokens_per_sec), default=None),
+        fastest_efficient=max(efficient, key=lambda o: o.tokens_per_sec, default=None),
+    )
+
+
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def parse_token_count(text: str) -> float:
+    """'1T', '500B', '2.5e11', '1e12' -> tokens; ValueError naming the allowed forms."""
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    scale = _SUFFIXES.get(raw[-1:], 1.0) if raw else 1.0
+    number = raw[:-1] if raw[-1:] in _SUFFIXES else raw
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1e18:
+        raise ValueError(
+            f"tokens: {text!r} is not a token count; allowed: a positive number below 1e18, "
+            "optionally with a suffix K, M, B (or G), T, P, e.g. 1T, 500B, 1e12"
+        )
+    return value

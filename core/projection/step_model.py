@@ -1,0 +1,316 @@
+"""Step time of one training step at N devices: compute plus the communication it needs, minus what hides.
+
+Pure (no torch). The model of a step, per layout (the runner's plan: runner/parallel.py):
+
+- FSDP / HSDP (FSDP2, one unit per transformer block plus the root unit of embedding, final norm and output):
+  forward all-gathers the root and every block, backward all-gathers every block but the last (kept
+  gathered after forward, and the root, which FSDP2 never reshards after forward), and every unit's
+  gradients are reduce-scattered in fp32 (MixedPrecisionPolicy(reduce_dtype=float32)); HSDP then
+  all-reduces each shard across replicas. Parameters travel in bf16, or, with fp8 all-gather
+  (fp8-tensorwise), the block's linear weights in 1 byte each (norms and the root stay bf16).
+  Prefetch hides the next block's all-gather behind this block's compute, and the previous block's
+  reduce-scatter behind this block's backward; the first all-gathers and the last reduce-scatters are exposed.
+- DDP (replicate, one bucket per block and the root): each bucket's fp32 all-reduce hides behind the next
+  block's backward; the last buckets are exposed.
+- TP (sequence parallel): per block, forward all-gathers the sequence-sharded activation before attention and
+  before the MLP and reduce-scatters after each (2 + 2), backward mirrors them, a full activation
+  checkpoint recomputes the forward ones; on the critical path (no async TP). fp8-tensorwise all-gathers
+  activations in float8.
+- Overlap: a layer takes max(comm, compute + f x comm), f = `collective_sm_fraction`, the share of compute units a
+  running collective may take from the compute beside it (64 compute units by default, fitted on published
+  results: bench/projection_validation.py).
+- A step ends at the slowest of the N devices: compute is scaled by 1 + cv x z(N), cv the device-to-device speed
+  spread and z(N) how far the slowest of N lies behind the mean in standard deviations: H_N - 1 for an exponential
+  tail (the default), or the expected maximum of N standard normal draws (Blom's approximation).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from functools import lru_cache
+
+from core.catalog.shapes import ModelShape, get_shape
+from core.contracts.specs import ParallelDegrees, resolve_layout
+from core.projection.network import Cost, Group, Network, all_gather, all_reduce, reduce_scatter
+
+GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (the runner's and torchtitan's default MixedPrecisionPolicy)
+FWD_SHARE = 1 / 3  # forward / (forward + backward) FLOPs of a matmul layer (backward computes 2 matmuls per 1)
+
+
+_degrees = lru_cache(maxsize=4096)(resolve_layout)
+_shape = lru_cache(maxsize=256)(get_shape)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one series trains: the shape, precision, layout and batch of its runs."""
+
+    model: str
+    num_layers: int
+    precision: str
+    layout: str
+    scaling: str = "weak"  # weak: local batch fixed; strong: global batch fixed
+    seq_len: int = 2048
+    local_batch_size: int | None = None
+    global_batch_size: int | None = None
+    fp8_all_gather: bool = False
+    activation_checkpointing: str = "none"
+    shape: ModelShape | None = None  # a shape outside core.catalog.shapes' table (published results of other models)
+
+    def model_shape(self) -> ModelShape:
+        return self.shape if self.shape is not None else _shape(self.model, self.num_layers)
+
+    def degrees(self, n: int) -> ParallelDegrees:
+        return _degrees(self.layout, n)
+
+    def sequences_per_dp_rank(self, n: int) -> float:
+        if self.scaling == "strong":
+            if not self.global_batch_size:
+                raise ValueError("global_batch_size: strong scaling needs a global batch size (a positive count)")
+            return self.global_batch_size / self.degrees(n).dp_degree
+        return float(self.local_batch_size or 1)
+
+    def tokens_per_step(self, n: int) -> float:
+        return self.sequences_per_dp_rank(n) * self.degrees(n).dp_degree * self.seq_len
+
+    def fp8_gather_active(self, n: int) -> bool:
+        d = self.degrees(n)
+        return (
+            self.precision == "fp8-tensorwise"
+            and self.fp8_all_gather
+            and d.dp_mode in ("fsdp", "hsdp")
+            and d.dp_shard > 1
+        )
+
+
+@dataclass(frozen=True)
+class UnitBytes:
+    """Bytes per FSDP unit as one TP rank holds it: gathered parameters, and gradients reduced."""
+
+    block_gather: float
+    root_gather: float
+    block_grad: float
+    root_grad: float
+    root_flops_share: float  # output layer's share of the step's FLOPs (not overlapped per block)
+
+
+@lru_cache(maxsize=4096)
+def unit_bytes(w: Workload, n: int) -> UnitBytes:
+    s = w.model_shape()
+    d, kv = s.dim, s.num_kv_heads * s.head_dim
+    linear = 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden_dim  # wq, wo, wk, wv, w1, w2, w3
+    norms = 2 * d
+    root = 2 * s.vocab_size * d + d  # embedding, output, final norm
+    tp = w.degrees(n).tp
+    param_bytes = 4 if w.precision == "fp32" else 2
+    linear_bytes = 1 if w.fp8_gather_active(n) else param_bytes
+    return UnitBytes(
+        block_gather=(linear * linear_bytes / tp + norms * param_bytes),
+        root_gather=root * param_bytes / tp,
+        block_grad=(linear / tp + norms) * GRAD_REDUCE_BYTES,
+        root_grad=root / tp * GRAD_REDUCE_BYTES,
+        root_flops_share=6 * s.vocab_size * d / s.flops_per_token(w.seq_len),
+    )
+
+
+@lru_cache(maxsize=1024)
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normal draws], Blom (1958): Phi^-1((n - 0.375) / (n + 0.25)); 0 for n = 1."""
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
+EULER_GAMMA = 0.5772156649015329
+
+
+@lru_cache(maxsize=1024)
+def expected_max_exponential(n: int) -> float:
+    """E[max of n exponential draws] less the mean, in standard deviations: the harmonic number H_n - 1 (exact
+    sum up to 64, then ln n + gamma + 1/2n - 1/12n^2, accurate to 1e-8); 0 for n = 1."""
+    if n <= 64:
+        return sum(1.0 / k for k in range(2, n + 1))
+    return math.log(n) + EULER_GAMMA + 1 / (2 * n) - 1 / (12 * n * n) - 1.0
+
+
+def straggler_z(net: Network, n: int) -> float:
+    """How far the slowest of n devices lies behind the mean, in standard deviations of device speed: an
+    exponential tail (a few slow devices; grows as ln n) or a normal one (grows as sqrt(2 ln n))."""
+    return expected_max_exponential(n) if net.straggler_tail == "exponential" else expected_max_normal(n)
+
+
+# -------------------------------------------------------------------------------------------- groups
+
+
+def groups(w: Workload, n: int, gpus_per_node: int) -> dict[str, Group]:
+    """Placement of the communicators at N: TP innermost (contiguous ranks), then shard, then replicate."""
+    d = w.degrees(n)
+    tp_local = min(d.tp, gpus_per_node)
+    shard_local = max(1, min(d.dp_shard, gpus_per_node // tp_local))
+    rep_local = max(1, min(d.dp_replicate, gpus_per_node // (tp_local * shard_local)))
+    return {
+        "tp": Group(d.tp, tp_local),
+        "shard": Group(d.dp_shard, shard_local),
+        "replicate": Group(d.dp_replicate, rep_local),
+    }
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Per-call cost (ms) of each collective a step issues."""
+
+    ag_block: float = 0.0
+    ag_root: float = 0.0
+    rs_block: float = 0.0  # includes the HSDP replica all-reduce of the shard
+    rs_root: float = 0.0
+    ar_block: float = 0.0  # DDP bucket
+    ar_root: float = 0.0
+    tp_per_block: float = 0.0  # all TP collectives of one block, forward + backward (+ recompute)
+    dp_bus_gb_per_s: float = 0.0
+    dp_bound: str = "none"
+
+
+@lru_cache(maxsize=4096)  # a calibration asks for the same (workload, network, N) many times
+def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collectives:
+    d, g, b = w.degrees(n), groups(w, n, gpus_per_node), unit_bytes(w, n)
+    ms = 1e-3
+    out: dict[str, float | str] = {}
+    if d.dp_mode in ("fsdp", "hsdp") and d.dp_shard > 1:
+        shard, rep = g["shard"], g["replicate"]
+        ag = all_gather(net, shard, b.block_gather)
+        out |= {
+            "ag_block": ag.time_us * ms,
+            "ag_root": all_gather(net, shard, b.root_gather).time_us * ms,
+            "dp_bus_gb_per_s": ag.bus_gb_per_s,
+            "dp_bound": ag.bound,
+        }
+        rs_b, rs_r = reduce_scatter(net, shard, b.block_grad), reduce_scatter(net, shard, b.root_grad)
+        ar_b, ar_r = all_reduce(net, rep, b.block_grad / d.dp_shard), all_reduce(net, rep, b.root_grad / d.dp_shard)
+        out |= {"rs_block": (rs_b.time_us + ar_b.time_us) * ms, "rs_root": (rs_r.time_us + ar_r.time_us) * ms}
+        if rep.size > 1 and ar_b.bound == "inter-node":
+            out |= {"dp_bound": "inter-node"}
+    elif d.dp_mode in ("ddp", "hsdp") and d.dp_replicate > 1:
+        rep = g["replicate"]
+        ar = all_reduce(net, rep, b.block_grad)
+        out |= {
+            "ar_block": ar.time_us * ms,
+            "ar_root": all_reduce(net, rep, b.root_grad).time_us * ms,
+            "dp_bus_gb_per_s": ar.bus_gb_per_s,
+            "dp_bound": ar.bound,
+        }
+    if d.tp > 1:
+        out["tp_per_block"] = _tp_block_ms(w, net, n, g["tp"])
+    return Collectives(**out)  # type: ignore[arg-type]
+
+
+def _tp_block_ms(w: Workload, net: Network, n: int, tp: Group) -> float:
+    s = w.model_shape()
+    activation = w.sequences_per_dp_rank(n) * w.seq_len * s.dim  # elements of one full activation
+    gather_bytes = 1 if w.precision == "fp8-tensorwise" else (4 if w.precision == "fp32" else 2)
+    act_bytes = 4 if w.precision == "fp32" else 2
+    ag: Cost = all_gather(net, tp, activation * gather_bytes)
+    rs: Cost = reduce_scatter(net, tp, activation * act_bytes)
+    passes = 3 if w.activation_checkpointing == "full" else 2  # forward, backward (, recomputed forward)
+    # backward mirrors forward: the gathers' gradients are reduce-scattered and vice versa (in bf16)
+    fwd = 2 * ag.time_us + 2 * rs.time_us
+    bwd = 4 * rs.time_us
+    return ((passes - 1) * fwd + bwd) * 1e-3
+
+
+# ---------------------------------------------------------------------------------------------- step
+
+
+@dataclass(frozen=True)
+class StepParts:
+    step_ms: float
+    compute_ms: float  # the mean device's compute (before the wait for the slowest)
+    straggler_ms: float  # waiting for the slowest of N devices
+    communication_ms: float  # every collective of the step, end to end
+    exposed_communication_ms: float
+    hidden_communication_ms: float
+    interference_ms: float  # compute slowed by collectives running beside it
+    tp_communication_ms: float  # exposed TP collectives (part of exposed_communication_ms)
+    optimizer_ms: float
+    idle_ms: float
+    dp_bus_gb_per_s: float
+    dp_bound: str
+
+
+def _layer(comm_ms: float, work_ms: float, f: float) -> tuple[float, float, float]:
+    """(time, exposed comm, interference) of one block's compute with a collective beside it."""
+    if work_ms + f * comm_ms >= comm_ms:
+        return work_ms + f * comm_ms, 0.0, f * comm_ms
+    return comm_ms, comm_ms - work_ms, 0.0
+
+
+def step_time(
+    w: Workload,
+    net: Network,
+    n: int,
+    gpus_per_node: int,
+    compute_ms: float,
+    *,
+    optimizer_ms: float = 0.0,
+    idle_ms: float = 0.0,
+) -> StepParts:
+    """Step at N for a mean-device compute of compute_ms (per device, everything but optimizer and idle)."""
+    c = collectives(w, net, n, gpus_per_node)
+    straggle = 1 + net.device_speed_cv * straggler_z(net, n)
+    work = compute_ms * straggle
+    num_layers = w.model_shape().num_layers
+    share = unit_bytes(w, n).root_flops_share
+    root_ms = work * share
+    fwd_share = 0.25 if w.activation_checkpointing == "full" else FWD_SHARE  # recompute runs in backward
+    # products, not differences: a huge compute (1e308 ms) gives inf, never inf - inf
+    wf = work * (1 - share) * fwd_share / num_layers
+    wb = work * (1 - share) * (1 - fwd_share) / num_layers
+    f = net.collective_sm_fraction
+    # (count, comm beside it, compute) of the blocks of forward and backward; the head and tail are exposed
+    if c.ag_block:  # FSDP/HSDP: block L-1 prefetches L-2's gather; blocks L-2..1 also reduce L+1; block 0 only reduces
+        bwd = (
+            [(1, c.ag_block, wb), (num_layers - 2, c.ag_block + c.rs_block, wb), (1, c.rs_block, wb)]
+            if num_layers > 1
+            else [(1, 0.0, wb)]
+        )
+    else:  # DDP (or none): block i's backward hides block i+1's all-reduce
+        bwd = [(1, 0.0, wb), (num_layers - 1, c.ar_block, wb)]
+    blocks = [(num_layers - 1, c.ag_block, wf), (1, 0.0, wf)] + bwd
+    head_tail = c.ag_root + c.ag_block + c.rs_block + c.rs_root + c.ar_block + c.ar_root
+    tp_ms = c.tp_per_block * num_layers
+    blocks = [b for b in blocks if b[0] > 0]  # 0 x inf would be nan (one- and two-layer models)
+    layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]
+    exposed = head_tail + tp_ms + sum(k * e for k, _, e, _ in layers)
+    total_comm = head_tail + tp_ms + sum(k * x for k, x, _ in blocks)
+    # summed in the order of `exposed` (each layer's time >= its exposed part), so step >= exposed after rounding
+    step = head_tail + tp_ms + sum(k * t for k, t, _, _ in layers) + root_ms + optimizer_ms + idle_ms
+    return StepParts(
+        step_ms=step,
+        compute_ms=compute_ms,
+        straggler_ms=compute_ms * (straggle - 1),
+        communication_ms=total_comm,
+        exposed_communication_ms=exposed,
+        hidden_communication_ms=total_comm - exposed,
+        interference_ms=sum(k * i for k, _, _, i in layers),
+        tp_communication_ms=tp_ms,
+        optimizer_ms=optimizer_ms,
+        idle_ms=idle_ms,
+        dp_bus_gb_per_s=c.dp_bus_gb_per_s,
+        dp_bound=c.dp_bound,
+    )
+
+
+def solve_compute(target_ms: float, step_of) -> float:
+    """The compute_ms whose modelled time step_of(compute_ms) is target_ms. step_of is increasing and piecewise
+    linear with slope >= 1, so secant steps from c = target converge in a few calls; bisection guards them."""
+    if step_of(0.0) >= target_ms:
+        return 0.0
+    lo, hi = 0.0, target_ms
+    c, fc = target_ms, step_of(target_ms)
+    for _ in range(50):
+        if abs(fc - target_ms) <= 1e-9 * target_ms:
+            return c
+        lo, hi = (c, hi) if fc < target_ms else (lo, c)
+        c_next = c - (fc - target_ms)  # slope ~ 1: compute adds to the step one for one where it is not hidden
+        c = c_next if lo < c_next < hi else lo + (hi - lo) / 2  # (lo + hi) / 2 overflows near 1e308
+        fc = step_of(c)
+    return min(max(c, 0.0), target_ms)

@@ -1,0 +1,126 @@
+"""The CLI: readable problem details, an unreachable server without a traceback, and `scalebench up` for
+real (SQLite + filesystem broker, API + worker + scheduler) driven by `submit --wait`, `show`, `logs`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli.client import format_problem
+from cli.main import app
+from osutil import procs
+from tests.worker.conftest import REPO, TINY, wait_until
+
+runner = CliRunner()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_problem_details_are_shown_field_by_field(client) -> None:
+    response = client.post(
+        "/experiments",
+        json={"name": "x", "model": "debug", "gpu_counts": [0], "precisions": ["fp9"], "layouts": ["bad"]},
+    )
+    text = format_problem(response)
+    assert text.startswith("HTTP 422")
+    assert "  gpu_counts[0]: " in text
+    assert (
+        "precisions[0]: " in text
+        and (
+            "(allowed: bf16, fp8-tensorwise, fp8-rowwise, fp8-rowwise-gw-hp, "
+            "mxfp8-cublas, mxfp8-cublas-floor, mxfp8-emulated, fp32)"
+        )
+        in text
+    )
+    assert "layouts: layout 'bad' is not one of" in text
+
+
+def test_unreachable_server_is_one_clear_line_without_traceback() -> None:
+    result = runner.invoke(app, ["ls", "--server", f"http://127.0.0.1:{_free_port()}"])
+    assert result.exit_code == 1
+    assert "cannot reach the scalebench API" in result.output and "scalebench up" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_spec_files_are_named(tmp_path: Path) -> None:
+    missing = runner.invoke(app, ["submit", str(tmp_path / "nope.yaml"), "--server", "http://127.0.0.1:9"])
+    assert missing.exit_code == 1 and "does not exist" in missing.output
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    listed = runner.invoke(app, ["submit", str(tmp_path / "list.yaml"), "--server", "http://127.0.0.1:9"])
+    assert listed.exit_code == 1 and "must hold a mapping" in listed.output
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+@pytest.mark.slow
+def test_up_runs_an_experiment_end_to_end_and_stops_cleanly(tmp_path: Path) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "DATABASE_URL",
+            "REDIS_URL",
+            "SCALEBENCH_DATABASE_URL",
+            "SCALEBENCH_BROKER_URL",
+            "SCALEBENCH_CLUSTERS_FILE",
+        )
+    }
+    port = _free_port()
+    env |= {"SCALEBENCH_DATA_DIR": str(tmp_path / "data"), "SCALEBENCH_URL": f"http://127.0.0.1:{port}"}
+    cli = [sys.executable, "-m", "cli.main"]
+    with (tmp_path / "up.log").open("wb") as out:
+        up = subprocess.Popen(
+            [*cli, "up", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(
+            lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text() or up.poll() is not None,
+            90,
+            "scalebench up",
+        )
+        assert up.poll() is None, (tmp_path / "up.log").read_text()
+        assert (tmp_path / "data" / "scalebench.db").is_file()  # SQLite, migrated
+        children = _children(up.pid)
+        assert len(children) == 3  # api, worker, scheduler
+
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(yaml.safe_dump({"name": "up test", "precisions": ["fp32"], "gpu_counts": [1], **TINY}))
+        submitted = subprocess.run(
+            [*cli, "submit", str(spec), "--wait"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert "experiment 1: succeeded" in submitted.stdout and "Scaling" in submitted.stdout
+        shown = subprocess.run([*cli, "show", "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "succeeded" in shown.stdout
+        logs = subprocess.run([*cli, "logs", "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert logs.returncode == 0 and "step 3/3" in logs.stdout
+    finally:
+        t0 = time.monotonic()
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(30)
+    assert code == 0 and time.monotonic() - t0 < 20
+    wait_until(lambda: not any(procs.is_alive(pid) for pid in children), 5, "api, worker and scheduler to exit")
