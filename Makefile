@@ -37,6 +37,8 @@ testdb: venv services
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: venv services testdb
 	bash scripts/test-deps.sh

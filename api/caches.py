@@ -92,7 +92,8 @@ class LruDict(MutableMapping):
     aggregated values in it, keyed by the point's own fingerprint, so entries never go stale either."""
 
     def __init__(self, size: int):
-        self.size, self._lock, self._items = size, threading.Lock(), OrderedDict()
+        self.size, self._lock = size, threading.Lock()
+        self._items: OrderedDict[Any, Any] = OrderedDict()
 
     def __getitem__(self, key: Any) -> Any:
         with self._lock:

@@ -52,7 +52,7 @@ def _match_key(s: Series) -> tuple[str, str, int, str, str, str]:
 
 def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[CompareRatio]:
     """X_other(N) / X_reference(N) for every matching series and every N measured in both."""
-    ref_series = {}
+    ref_series: dict[tuple[str, str, int, str, str, str], list[Series]] = {}
     for s in reference.report.series:
         ref_series.setdefault(_match_key(s), []).append(s)
     out = []
@@ -61,7 +61,7 @@ def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[Compa
             ref_points = {p.num_devices: p for p in ref.points if p.tokens_per_sec}
             for p in s.points:
                 rp = ref_points.get(p.num_devices)
-                if not p.tokens_per_sec or rp is None:
+                if not p.tokens_per_sec or rp is None or rp.tokens_per_sec is None:
                     continue
                 k = s.key
                 out.append(

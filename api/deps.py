@@ -6,7 +6,7 @@ The session is owned by the request: opened here, closed after the response; end
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from celery import Celery
 from fastapi import Depends, Header, Path, Request
@@ -27,7 +27,9 @@ READ_METHODS = ("GET", "HEAD")
 # Path parameters and responses shared by the routers.
 ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
 RunId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Run id.")]
-NOT_MODIFIED = {304: {"description": "Not Modified: If-None-Match holds the current ETag."}}
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Not Modified: If-None-Match holds the current ETag."}
+}
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:

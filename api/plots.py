@@ -81,8 +81,8 @@ def _throughput(ax: Axes, s: Series, style: dict, label: str) -> None:
     ns, xs = _measured(s, "tokens_per_sec")
     if not ns:
         return
-    lo = [x - p.tokens_per_sec_min for p, x in zip([p for p in s.points if p.tokens_per_sec], xs)]
-    hi = [p.tokens_per_sec_max - x for p, x in zip([p for p in s.points if p.tokens_per_sec], xs)]
+    lo = [x - (p.tokens_per_sec_min or x) for p, x in zip([p for p in s.points if p.tokens_per_sec], xs)]
+    hi = [(p.tokens_per_sec_max or x) - x for p, x in zip([p for p in s.points if p.tokens_per_sec], xs)]
     ax.errorbar(ns, xs, yerr=[lo, hi], label=label, capsize=2, **style)
     n0 = s.baseline_num_devices
     x0 = next((p.tokens_per_sec for p in s.points if p.num_devices == n0), None)

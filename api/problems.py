@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import typing
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -149,7 +150,7 @@ def _body_model(request: Request | None) -> Any:
     return getattr(params[0].field_info, "annotation", None)
 
 
-def _allowed(err: dict[str, Any], body_model: Any = None) -> list[Any] | None:
+def _allowed(err: Mapping[str, Any], body_model: Any = None) -> list[Any] | None:
     kind, ctx = err.get("type", ""), err.get("ctx") or {}
     if kind in ("literal_error", "enum") and "expected" in ctx:
         return _EXPECTED_RE.findall(str(ctx["expected"])) or None
@@ -162,7 +163,7 @@ def _allowed(err: dict[str, Any], body_model: Any = None) -> list[Any] | None:
     return None
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: Mapping[str, Any]) -> str:
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if err.get("type") == "json_invalid":
         loc = err.get("loc", ())
@@ -170,7 +171,7 @@ def _message(err: dict[str, Any]) -> str:
     return msg
 
 
-def validation_errors(errors: list[dict[str, Any]], body_model: Any = None) -> list[FieldError]:
+def validation_errors(errors: Sequence[Mapping[str, Any]], body_model: Any = None) -> list[FieldError]:
     """Pydantic errors as FieldErrors; `body_model` (the route's body type) names the fields an unknown one
     could have been."""
     return [
@@ -186,21 +187,29 @@ def validation_errors(errors: list[dict[str, Any]], body_model: Any = None) -> l
 # ------------------------------------------------------------------------------------------- handlers
 
 
-async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(
+        exc, RequestValidationError
+    )  # registered for it (Starlette types every handler's exception as Exception)
     errors = validation_errors(list(exc.errors()), _body_model(request))
     detail = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
     return problem_response(request, 422, f"invalid request: {detail}", errors)
 
 
-async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(
+        exc, StarletteHTTPException
+    )  # registered for it (Starlette types every handler's exception as Exception)
     return problem_response(request, exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
 
-async def _on_problem(request: Request, exc: ProblemError) -> JSONResponse:
+async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ProblemError)  # registered for it (Starlette types every handler's exception as Exception)
     return problem_response(request, exc.status, exc.detail, exc.errors, exc.headers, **exc.extra)
 
 
-async def _on_data_error(request: Request, exc: DataError) -> JSONResponse:
+async def _on_data_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DataError)  # registered for it (Starlette types every handler's exception as Exception)
     # The database refused a value the validators let through: a client error, but also a gap to close.
     log.warning("database refused a value on %s: %s", request.url.path, exc.orig)
     return problem_response(request, 422, f"the database refused a value: {type(exc.orig).__name__}")
@@ -221,7 +230,10 @@ def is_unavailable(exc: OperationalError) -> bool:
     return any(marker in message for marker in _SQLITE_UNAVAILABLE)
 
 
-async def _on_db_down(request: Request, exc: OperationalError) -> JSONResponse:
+async def _on_db_down(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(
+        exc, OperationalError
+    )  # registered for it (Starlette types every handler's exception as Exception)
     if not is_unavailable(exc):
         log.error("data error on %s %s: %s", request.method, request.url.path, exc.orig)
         return problem_response(request, 500, f"the store holds a value this request cannot read: {exc.orig}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 from core.contracts.specs import ExperimentSpec, RunSpec
 from db.base import utcnow
 from db.models import RUN_STATUSES, Experiment, Run, RunSummary
+from db.session import rowcount
 
 EXPERIMENT_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -138,7 +140,7 @@ def experiment_status(session: Session, experiment_id: int) -> ExperimentStatus:
 
 
 @functools.cache
-def _experiment_with_counts() -> sa.Select:
+def _experiment_with_counts() -> sa.Select[*tuple[Any, ...]]:
     # Built once: constructing this statement costs more CPU than running it on a small experiment.
     counts = [sa.func.coalesce(_count(s), 0).label(s) for s in RUN_STATUSES]
     return (
@@ -231,18 +233,24 @@ def cancel_experiment(session: Session, experiment_id: int) -> tuple[int, int]:
     Returns (number cancelled now, number marked for the worker).
     """
     now = utcnow()
-    cancelled = session.execute(
-        sa.update(Run)
-        .where(Run.experiment_id == experiment_id, Run.status == "queued")
-        .values(status="cancelled", error_kind="cancelled", error_message="cancelled by request", finished_at=now)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    marked = session.execute(
-        sa.update(Run)
-        .where(
-            Run.experiment_id == experiment_id, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False)
+    cancelled = rowcount(
+        session.execute(
+            sa.update(Run)
+            .where(Run.experiment_id == experiment_id, Run.status == "queued")
+            .values(status="cancelled", error_kind="cancelled", error_message="cancelled by request", finished_at=now)
+            .execution_options(synchronize_session=False)
         )
-        .values(cancel_requested=True)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    )
+    marked = rowcount(
+        session.execute(
+            sa.update(Run)
+            .where(
+                Run.experiment_id == experiment_id,
+                Run.status.in_(("pending", "running")),
+                Run.cancel_requested.is_(False),
+            )
+            .values(cancel_requested=True)
+            .execution_options(synchronize_session=False)
+        )
+    )
     return cancelled, marked

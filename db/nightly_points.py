@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from core.analysis.numerics import RunLosses
 from core.analysis.regression import fp8_loss_gap, numerics_value
-from core.analysis.scaling import RunPoint, ScalingPoint, build_report
+from core.analysis.scaling import RunPoint, ScalingPoint, SpeedupPoint, build_report
 from db.models import Experiment, Run, RunSummary
 from db.points import load_run_losses_many
 
@@ -127,7 +127,7 @@ def _metrics(
     return {k: float(v) for k, v in values.items() if v is not None}
 
 
-def _loss_gap(sp) -> float | None:
+def _loss_gap(sp: SpeedupPoint) -> float | None:
     return (
         fp8_loss_gap(sp.fp8_final_loss, sp.bf16_final_loss)
         if sp.fp8_final_loss is not None and sp.bf16_final_loss
@@ -139,7 +139,7 @@ def _nights_of(
     exp_id: int, timestamp: datetime, rows: list[_RunRow], run_losses: dict[str, RunLosses] | None = None
 ) -> dict[PointKey, PointNight]:
     report = build_report([r.run for r in rows], run_losses=run_losses)
-    by_point: dict[tuple, tuple[ScalingPoint, int | None]] = {}
+    by_point: dict[tuple[object, ...], tuple[ScalingPoint, int | None]] = {}
     for s in report.series:
         for p in s.points:
             k = s.key  # the fields of `ident` below (RunPoint's engine is the default here)

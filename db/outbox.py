@@ -20,9 +20,10 @@ from sqlalchemy.orm import Session
 
 from db.base import utcnow
 from db.models import Run
+from db.session import rowcount
 
 
-def _lock(session: Session, where: list, limit: int) -> list[tuple[int, str]]:
+def _lock(session: Session, where: Sequence[sa.ColumnElement[bool]], limit: int) -> list[tuple[int, str]]:
     stmt = (
         sa.select(Run.id, Run.queue)
         .where(Run.status == "queued", Run.cancel_requested.is_(False), *where)
@@ -61,4 +62,4 @@ def release(session: Session, run_id: int) -> bool:
     """A queued run's message was taken by a worker that is stopping and will not start it: undispatched again,
     so that the dispatcher publishes it anew."""
     stmt = sa.update(Run).where(Run.id == run_id, Run.status == "queued").values(dispatched_at=None)
-    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
+    return rowcount(session.execute(stmt.execution_options(synchronize_session=False))) == 1

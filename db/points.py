@@ -26,6 +26,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import ColumnExpressionArgument
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from core.analysis.numerics import RunLosses
 from core.analysis.scaling import PointRuns, PointValues, RunPoint, SeriesKey, aggregate_points
@@ -37,7 +39,7 @@ from db.models import Experiment, Run, RunLossCurve, RunSummary, StepMetric
 EXCLUDED_FROM_CURVES = ("cancelled",)
 
 
-class _final_loss(sa.sql.expression.FunctionElement):
+class _final_loss(sa.sql.expression.FunctionElement[float]):
     """runs.result -> numerics.final_loss. On SQLite a result JSON that is not valid (Infinity or NaN written
     before JSON columns were strict) reads as NULL instead of failing the whole query ("malformed JSON")."""
 
@@ -46,17 +48,17 @@ class _final_loss(sa.sql.expression.FunctionElement):
 
 
 @compiles(_final_loss)
-def _final_loss_default(element: _final_loss, compiler: Any, **kw: Any) -> str:
+def _final_loss_default(element: _final_loss, compiler: SQLCompiler, **kw: Any) -> str:
     return compiler.process(Run.result[("numerics", "final_loss")].as_float(), **kw)
 
 
 @compiles(_final_loss, "sqlite")
-def _final_loss_sqlite(element: _final_loss, compiler: Any, **kw: Any) -> str:
+def _final_loss_sqlite(element: _final_loss, compiler: SQLCompiler, **kw: Any) -> str:
     valid = compiler.process(sa.func.json_valid(Run.result), **kw)
     return f"CASE WHEN {valid} THEN {_final_loss_default(element, compiler, **kw)} END"
 
 
-def _run_point_select() -> sa.Select:
+def _run_point_select() -> sa.Select[*tuple[Any, ...]]:
     spec = Run.spec
     return (
         sa.select(
@@ -150,7 +152,7 @@ _NUM_POINT = len(_POINT)
 NO_VALUES = PointValues()
 
 
-def _point_index_select() -> sa.Select:
+def _point_index_select() -> sa.Select[*tuple[Any, ...]]:
     """One row per (experiment, series, N) from the runs alone: counts, ordered run ids, and the
     fingerprint of the succeeded runs (count, sum of ids, latest finish). Served by an index-only scan
     of ix_runs_scaling_points, already in group order: no sort, no heap, no JSON."""
@@ -176,7 +178,7 @@ def _point_index_select() -> sa.Select:
     )
 
 
-def _point_values_select() -> sa.Select:
+def _point_values_select() -> sa.Select[*tuple[Any, ...]]:
     """PointValues per (series, N) of one experiment, over its succeeded runs with a throughput.
 
     A median is the mean of the two middle values, percentile_disc(0.5) in ascending and in descending
@@ -184,7 +186,7 @@ def _point_values_select() -> sa.Select:
     equal those of core.analysis.scaling.aggregate_points bit for bit (ordered-set aggregates skip NULLs, as the
     Python medians skip None)."""
 
-    def middle(col: sa.ColumnElement) -> tuple[sa.ColumnElement, sa.ColumnElement]:
+    def middle(col: sa.ColumnElement[Any]) -> tuple[sa.ColumnElement[Any], sa.ColumnElement[Any]]:
         return (
             sa.func.percentile_disc(0.5).within_group(col.asc()),
             sa.func.percentile_disc(0.5).within_group(col.desc()),
@@ -196,7 +198,8 @@ def _point_values_select() -> sa.Select:
     # usable: finite and positive (NaN sorts above Infinity in PostgreSQL); the others count as invalid
     usable = sa.and_(tps > 0, tps < float("inf"))
 
-    def ok(col: sa.ColumnElement) -> sa.ColumnElement:  # the value of a usable run, else NULL (skipped)
+    # the value of a usable run, else NULL (skipped)
+    def ok(col: ColumnExpressionArgument[Any] | int) -> sa.ColumnElement[Any]:
         return sa.case((usable, col))
 
     return (
@@ -224,10 +227,12 @@ _POINT_VALUES = _point_values_select()
 
 
 def _mean(lo: float | None, hi: float | None) -> float | None:
-    return None if lo is None else (lo + hi) / 2
+    return None if lo is None or hi is None else (lo + hi) / 2
 
 
-def _point_values(session: Session, experiment_id: int, points: list[tuple] | None) -> dict[tuple, PointValues]:
+def _point_values(
+    session: Session, experiment_id: int, points: list[tuple[Any, ...]] | None
+) -> dict[tuple[Any, ...], PointValues]:
     """PointValues of these points ((engine, model, layers, precision, layout, scaling, cluster, N) tuples) of one
     experiment; None: of all its points."""
     stmt = _POINT_VALUES if points is None else _POINT_VALUES.where(sa.tuple_(*_POINT).in_(points))
@@ -251,7 +256,7 @@ def _point_values(session: Session, experiment_id: int, points: list[tuple] | No
 
 
 def load_scaling_points_many(
-    session: Session, experiment_ids: Sequence[int], known: MutableMapping[tuple, PointValues] | None = None
+    session: Session, experiment_ids: Sequence[int], known: MutableMapping[tuple[Any, ...], PointValues] | None = None
 ) -> dict[int, list[PointRuns]]:
     """The PointRuns of several experiments (core.analysis.scaling.build_report_from_points' input), keyed by id.
 
@@ -267,7 +272,7 @@ def load_scaling_points_many(
     index = session.execute(_POINT_INDEX, {"experiment_ids": list(experiment_ids)}).all()
     # (experiment, point, succeeded count, sum of their ids, latest finish); None: no succeeded run
     fps = [(row[0], *row[1 : 1 + _NUM_POINT], *row[-3:]) if row[-3] else None for row in index]
-    wanted: dict[int, dict[tuple, tuple]] = {}  # experiment -> point -> its fingerprint
+    wanted: dict[int, dict[tuple[Any, ...], tuple[Any, ...]]] = {}  # experiment -> point -> its fingerprint
     for row, fp in zip(index, fps):
         if fp is not None and fp not in known:
             wanted.setdefault(row[0], {})[tuple(row[1 : 1 + _NUM_POINT])] = fp
@@ -277,13 +282,13 @@ def load_scaling_points_many(
         for point, fp in points.items():
             known[fp] = found.get(point, NO_VALUES)
     out: dict[int, list[PointRuns]] = {i: [] for i in experiment_ids}
-    keys: dict[tuple, SeriesKey] = {}
+    keys: dict[tuple[Any, ...], SeriesKey] = {}
     for row, fp in zip(index, fps):
         out[row[0]].append(_point_runs(row, known.get(fp, NO_VALUES) if fp is not None else NO_VALUES, keys))
     return out
 
 
-def _point_runs(row: sa.Row, v: PointValues, keys: dict[tuple, SeriesKey]) -> PointRuns:
+def _point_runs(row: sa.Row[*tuple[Any, ...]], v: PointValues, keys: dict[tuple[Any, ...], SeriesKey]) -> PointRuns:
     (_, engine, model, num_layers, precision, layout, scaling, cluster, n, num_failed, num_runs, run_ids, imported) = (
         row[:13]
     )
@@ -314,7 +319,7 @@ def _point_runs(row: sa.Row, v: PointValues, keys: dict[tuple, SeriesKey]) -> Po
 
 
 def load_scaling_points(
-    session: Session, experiment_id: int, known: MutableMapping[tuple, PointValues] | None = None
+    session: Session, experiment_id: int, known: MutableMapping[tuple[Any, ...], PointValues] | None = None
 ) -> list[PointRuns]:
     return load_scaling_points_many(session, [experiment_id], known)[experiment_id]
 
@@ -395,7 +400,7 @@ def _stride(n: int, max_points: int) -> int:
     return 1 if n <= max_points else (n + max_points - 3) // (max_points - 1)  # ceil((n - 1) / (max_points - 1))
 
 
-def _thin(values: list, max_points: int) -> list:
+def _thin(values: list[Any], max_points: int) -> list[Any]:
     """Every k-th value from the first, plus the last (the rule of _thinned_steps, applied in Python)."""
     k = _stride(len(values), max_points)
     kept = values[::k]
@@ -404,14 +409,14 @@ def _thin(values: list, max_points: int) -> list:
     return kept
 
 
-def _packed(typecode: str, values: list) -> bytes:
+def _packed(typecode: str, values: list[Any]) -> bytes:
     a = array(typecode, values)
     if sys.byteorder == "big":  # stored little-endian
         a.byteswap()
     return a.tobytes()
 
 
-def _unpacked(typecode: str, raw: bytes) -> list:
+def _unpacked(typecode: str, raw: bytes) -> list[Any]:
     a = array(typecode)
     a.frombytes(raw)
     if sys.byteorder == "big":
@@ -419,7 +424,7 @@ def _unpacked(typecode: str, raw: bytes) -> list:
     return a.tolist()
 
 
-def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict:
+def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict[str, Any]:
     """The run_loss_curves row of a run's (step, loss) points (any order, at least one; None losses left
     out): thinned to at most STORED_CURVE_POINTS, arrays packed."""
     ordered = sorted(points)
@@ -440,7 +445,7 @@ def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, 
         session.execute(sa.insert(RunLossCurve).values(**loss_curve_row(run_id, points)))
 
 
-def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row]:
+def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row[*tuple[Any, ...]]]:
     """One succeeded run per (engine, cluster, precision, layout, N): the lowest seed and repeat (then the lowest
     id)."""
     rank = (
@@ -465,7 +470,9 @@ def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -
     )
 
 
-def _thinned_steps(session: Session, run_ids: list[int], max_points: int) -> dict[int, tuple[int, list, list]]:
+def _thinned_steps(
+    session: Session, run_ids: list[int], max_points: int
+) -> dict[int, tuple[int, list[Any], list[Any]]]:
     """Steps with a loss, thinned to <= max_points per run: every k-th from the first, plus the last
     (k = ceil((n - 1) / (max_points - 1)), so that both ends are kept); n per run too."""
     base = (
@@ -486,7 +493,7 @@ def _thinned_steps(session: Session, run_ids: list[int], max_points: int) -> dic
         .where(sa.or_((base.c.rn - 1) % stride == 0, base.c.rn == base.c.n))
         .order_by(base.c.run_id, base.c.step)
     )
-    out: dict[int, tuple[int, list, list]] = {}
+    out: dict[int, tuple[int, list[Any], list[Any]]] = {}
     for run_id, step, loss, n in session.execute(stmt):
         entry = out.setdefault(run_id, (n, [], []))
         entry[1].append(step)
@@ -538,7 +545,7 @@ def loss_curves(
 # ------------------------------------------------------------------------------- loss verdict inputs
 
 
-def _eval_curve_column(dialect: str) -> sa.ColumnElement:
+def _eval_curve_column(dialect: str) -> sa.ColumnElement[Any]:
     """runs.result -> numerics.eval_curve (JSON). On SQLite a result JSON that is not valid reads as NULL
     (as _final_loss does) instead of failing the query."""
     expr = Run.result[("numerics", "eval_curve")]

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -36,6 +37,7 @@ from core.contracts.specs import ERROR_KINDS, RunResult
 from db.base import utcnow
 from db.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunLog, RunSummary, RunTrace, StepMetric
 from db.points import store_loss_curve
+from db.session import rowcount
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGE_CHARS = 20_000
@@ -51,9 +53,9 @@ class LeaseState:
     cancel_requested: bool
 
 
-def _update(session: Session, run_id: int, where: list, **values) -> bool:
+def _update(session: Session, run_id: int, where: list[sa.ColumnElement[bool]], **values: Any) -> bool:
     stmt = sa.update(Run).where(Run.id == run_id, *where).values(**values)
-    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
+    return rowcount(session.execute(stmt.execution_options(synchronize_session=False))) == 1
 
 
 def claim_run(
@@ -340,7 +342,7 @@ def requeue_interrupted(session: Session, run_id: int, worker: str, reason: str,
             error_message=f"requeued: {reason}"[:2000],
         )
     )
-    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
+    return rowcount(session.execute(stmt.execution_options(synchronize_session=False))) == 1
 
 
 def expire_leases(session: Session, owners: list[tuple[int, str]], now: datetime | None = None) -> list[int]:
@@ -375,7 +377,7 @@ def requeue_for_retry(session: Session, run_id: int, reason: str) -> bool:
             error_message=f"retrying after an infrastructure failure: {reason}"[:2000],
         )
     )
-    return session.execute(stmt.execution_options(synchronize_session=False)).rowcount == 1
+    return rowcount(session.execute(stmt.execution_options(synchronize_session=False))) == 1
 
 
 def cancel_requested(session: Session, run_id: int) -> bool:
@@ -387,7 +389,7 @@ def active_runs_with_dir(session: Session) -> list[Run]:
     return list(session.scalars(sa.select(Run).where(Run.status.in_(ACTIVE_STATUSES), Run.run_dir.is_not(None))))
 
 
-def expired_active_runs(session: Session, now: datetime) -> list[sa.Row]:
+def expired_active_runs(session: Session, now: datetime) -> list[sa.Row[*tuple[Any, ...]]]:
     """(id, cluster, run_dir, created_at, attempts) of active runs whose lease expired and that have no pending
     cancel."""
     return list(
@@ -411,7 +413,7 @@ def run_dirs(session: Session, run_ids: list[int]) -> list[tuple[int, str | None
     return [(row.id, row.run_dir) for row in session.execute(sa.select(Run.id, Run.run_dir).where(Run.id.in_(run_ids)))]
 
 
-def _bulk(session: Session, where: list, **values) -> list[int]:
+def _bulk(session: Session, where: list[sa.ColumnElement[bool]], **values: Any) -> list[int]:
     stmt = sa.update(Run).where(*where).values(lease_expires_at=None, **values).returning(Run.id)
     return list(session.scalars(stmt.execution_options(synchronize_session=False)))
 
@@ -477,7 +479,7 @@ class BreakdownRow:
     layout: str
     num_devices: int
     repeat: int
-    breakdown: dict  # core.analysis.breakdown.Breakdown as JSON
+    breakdown: dict[str, Any]  # core.analysis.breakdown.Breakdown as JSON
 
 
 def breakdown_rows(session: Session, experiment_id: int) -> list[BreakdownRow]:

@@ -33,7 +33,7 @@ def _json_serializer(value: Any) -> str:
     return json.dumps(storable(value), allow_nan=False, ensure_ascii=False)
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # WAL: readers do not block the writer; foreign keys are off by default in SQLite.
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -43,7 +43,7 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-def make_engine(url: str, **kwargs) -> sa.Engine:
+def make_engine(url: str, **kwargs: Any) -> sa.Engine:
     """An engine for PostgreSQL (pre-ping) or SQLite (WAL, foreign keys, busy timeout; parent dir created)."""
     parsed = make_url(url)
     kwargs.setdefault("json_serializer", _json_serializer)
@@ -76,6 +76,13 @@ def _private_sqlite_file(path: Path) -> None:
 def make_session_factory(engine: sa.Engine) -> sessionmaker[Session]:
     # expire_on_commit=False: objects read before a commit stay usable for the response after it.
     return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+def rowcount(result: sa.Result[Any]) -> int:
+    """The rows an UPDATE or DELETE matched: Session.execute is typed to return a Result, and DML gives its
+    CursorResult subclass."""
+    assert isinstance(result, sa.CursorResult), type(result)
+    return result.rowcount
 
 
 @contextmanager

@@ -44,6 +44,7 @@ from db.models import (
     Suite,
     SuiteFiring,
 )
+from db.session import rowcount
 
 NIGHTLY_METRICS = (
     "tokens_per_sec",
@@ -227,7 +228,7 @@ def claim_firing(session: Session, suite_id: int, seen_next_fire_at: datetime, n
         .values(next_fire_at=parse_cron(schedule).next_after(now), last_fired_at=now)
         .execution_options(synchronize_session=False)
     )
-    return session.execute(stmt).rowcount == 1
+    return rowcount(session.execute(stmt)) == 1
 
 
 def record_fire_error(session: Session, suite_id: int, error: str | None) -> None:
@@ -304,18 +305,22 @@ def cancel_unfinished(session: Session, suite: Suite, now: datetime) -> int:
     (their worker stops them within seconds). Returns how many runs were cancelled or asked to stop."""
     of_suite = Run.experiment_id.in_(sa.select(Experiment.id).where(Experiment.suite_id == suite.id))
     message = f"cancelled: replaced by a newer firing of suite {suite.name!r}"[:2000]
-    cancelled = session.execute(
-        sa.update(Run)
-        .where(of_suite, Run.status == "queued")
-        .values(status="cancelled", error_kind="cancelled", error_message=message, finished_at=now)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    marked = session.execute(
-        sa.update(Run)
-        .where(of_suite, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False))
-        .values(cancel_requested=True)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    cancelled = rowcount(
+        session.execute(
+            sa.update(Run)
+            .where(of_suite, Run.status == "queued")
+            .values(status="cancelled", error_kind="cancelled", error_message=message, finished_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    marked = rowcount(
+        session.execute(
+            sa.update(Run)
+            .where(of_suite, Run.status.in_(("pending", "running")), Run.cancel_requested.is_(False))
+            .values(cancel_requested=True)
+            .execution_options(synchronize_session=False)
+        )
+    )
     return cancelled + marked
 
 

@@ -17,6 +17,7 @@ from core.contracts.webhook_targets import Resolver, TargetRefused
 from core.contracts.webhook_targets import check_url as check_target
 from db.base import utcnow
 from db.models import DEFAULT_WEBHOOK_EVENTS, WEBHOOK_EVENTS, Webhook, WebhookDelivery
+from db.session import rowcount
 
 MIN_SECRET_CHARS = 16
 
@@ -179,7 +180,7 @@ def claim_delivery(
         .values(next_attempt_at=now + timedelta(seconds=lease_s), attempt=WebhookDelivery.attempt + 1)
         .execution_options(synchronize_session=False)
     )
-    return session.execute(stmt).rowcount == 1
+    return rowcount(session.execute(stmt)) == 1
 
 
 def record_attempt(

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def is_alive(pid: int, start_ticks: int | None = None) -> bool:
     return start_ticks is None or int(fields[19]) == start_ticks
 
 
-def _pids_where(match) -> list[int]:
+def _pids_where(match: Callable[[list[bytes]], bool]) -> list[int]:
     """Live processes (not this one) whose argument list (bytes) satisfies `match`."""
     found = []
     me = os.getpid()
@@ -101,7 +102,9 @@ def signal_pids(pids: list[int], sig: int) -> None:
             pass
 
 
-def terminate_run_processes(pgid: int | None, spec_arg: str, grace_s: float = 5.0, reap=None) -> None:
+def terminate_run_processes(
+    pgid: int | None, spec_arg: str, grace_s: float = 5.0, reap: Callable[[], object] | None = None
+) -> None:
     """SIGTERM the launcher's group and every process naming spec_arg; SIGKILL what is left after grace_s.
 
     `reap` (optional callable) is polled while waiting, so that our own child does not linger as a zombie.

@@ -14,19 +14,20 @@ and its run is requeued for the next worker to re-attach to.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import db.runs
-from core.contracts.specs import RunError, RunResult, RunSpec
+from core.contracts.specs import ErrorKind, RunError, RunResult, RunSpec
 from db import outbox
 from db.session import session_scope
 from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail, trace_files
@@ -237,8 +238,12 @@ def find_slurm_job(
         previous = None
     created_s = (created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)).timestamp()
     ours = previous is not None and previous.launcher == "slurm" and previous.run_id == str(run_id)
-    newer_than = previous.job_id if ours and previous.job_id else None
-    return rt.launcher(cluster).find_job(str(run_id), run_dir, created_s, newer_than_job=newer_than)
+    newer_than = previous.job_id if ours and previous is not None and previous.job_id else None
+    from worker.launchers.slurm import SlurmLauncher  # only workers of Slurm clusters need it
+
+    launcher = rt.launcher(cluster)
+    assert isinstance(launcher, SlurmLauncher), f"cluster {cluster.name!r} does not launch with slurm"
+    return launcher.find_job(str(run_id), run_dir, created_s, newer_than_job=newer_than)
 
 
 def _mark_ended(handle: LaunchHandle, state: str) -> None:
@@ -274,7 +279,7 @@ def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOu
             last_state = outcome.state
             _try_db(
                 rt,
-                lambda s, state=outcome.state: db.runs.update_launch(s, run_id, status=state),
+                functools.partial(db.runs.update_launch, run_id=run_id, status=outcome.state),
                 f"run {run_id}: state",
             )
         if now >= next_heartbeat:
@@ -441,7 +446,9 @@ def _finish(
     return "failed"
 
 
-def _record_failure(rt: Runtime, run_id: int, spec_json: dict, kind: str, message: str, tail: str) -> None:
+def _record_failure(
+    rt: Runtime, run_id: int, spec_json: dict[str, Any], kind: ErrorKind, message: str, tail: str
+) -> None:
     """failed(kind) with the message and the log's tail (in the message and in result.error.traceback_tail)."""
     text = f"{message}\n--- log tail ---\n{tail[-TAIL_IN_MESSAGE_CHARS:]}" if tail else message
     try:

@@ -151,6 +151,8 @@ def get_scaling_png(
     if unchanged:
         return unchanged
 
+    assert exp is not None  # _fresh loads it when the client's copy is not current
+
     def build() -> tuple[str, bytes]:
         from api.plots import render_scaling_png  # matplotlib: imported by the first picture, not at start-up
 

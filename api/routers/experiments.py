@@ -286,5 +286,8 @@ def cancel_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: W
     session.commit()
     status = db.experiments.experiment_status(session, experiment_id).status
     return CancelRead(
-        experiment_id=experiment_id, num_cancelled=num_cancelled, num_cancel_requested=num_marked, status=status
-    )  # type: ignore[arg-type]
+        experiment_id=experiment_id,
+        num_cancelled=num_cancelled,
+        num_cancel_requested=num_marked,
+        status=status,  # type: ignore[arg-type]  # db reads the status as str; its values are ExperimentStatusName's
+    )

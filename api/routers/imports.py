@@ -152,6 +152,7 @@ def _cluster(body: ExperimentImport, clusters: dict[str, Cluster]) -> Cluster:
                 for f in missing
             ]
         )
+    assert body.vendor is not None and body.device_name is not None  # checked just above
     try:
         return Cluster(
             name=body.cluster,
@@ -201,7 +202,9 @@ def _match_points(body: ExperimentImport, cluster: Cluster, spec: ExperimentSpec
         runs, skipped = [], exc.skipped
     by_point = {(r.precision, r.layout, r.num_devices, r.repeat): r for r in runs}
     why = {(s.precision, s.layout, s.num_devices): s.reason for s in skipped}
-    errors, seen, out = [], {}, []
+    errors: list[FieldError] = []
+    seen: dict[tuple[str, str, int, int], int] = {}
+    out: list[RunSpec | None] = []
     for i, p in enumerate(body.points):
         key = (p.precision, p.layout, p.num_devices, p.repeat)
         if key in seen:
@@ -217,7 +220,7 @@ def _match_points(body: ExperimentImport, cluster: Cluster, spec: ExperimentSpec
         out.append(by_point.get(key))
     if errors:
         raise _bad(errors, "points the matrix refuses")
-    return out  # type: ignore[return-value]
+    return [r for r in out if r is not None]  # no errors: every point was found
 
 
 def _environment(i: int, p: ImportPoint, cluster: Cluster) -> Environment:

@@ -28,7 +28,7 @@ RUN_DURATION_BUCKETS_S = (10, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600, 12 * 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800)
 
 
-def _seconds_between(dialect: str, start: Any, end: Any) -> sa.ColumnElement[float]:
+def _seconds_between(dialect: str, start: Any, end: Any) -> sa.ColumnElement[Any]:
     if dialect == "sqlite":
         return (sa.func.julianday(end) - sa.func.julianday(start)) * 86400.0
     return sa.func.extract("epoch", end - start)

@@ -29,6 +29,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from core.contracts.base import Strict
 
@@ -370,14 +371,14 @@ _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
 
 
-def _complete_events(trace: dict) -> list[dict]:
+def _complete_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
 
 
-def _cpu_stacks(cpu: list[dict]) -> dict[int, tuple[str, ...]]:
+def _cpu_stacks(cpu: list[dict[str, Any]]) -> dict[int, tuple[str, ...]]:
     """External id of each CPU event -> the names enclosing it on its thread, itself last."""
     out: dict[int, tuple[str, ...]] = {}
-    by_tid: dict[object, list[dict]] = defaultdict(list)
+    by_tid: dict[object, list[dict[str, Any]]] = defaultdict(list)
     for e in cpu:
         by_tid[e.get("tid")].append(e)
     for evs in by_tid.values():
@@ -400,7 +401,7 @@ def _step_of(ts: float, windows: Sequence[Window]) -> int | None:
     return None
 
 
-def timeline_from_chrome_trace(trace: dict) -> tuple[list[Event], list[Window], str]:
+def timeline_from_chrome_trace(trace: dict[str, Any]) -> tuple[list[Event], list[Window], str]:
     """(events of the rank's device timeline, step windows on it, "gpu" | "cpu") from a torch.profiler
     chrome trace whose profiled steps are marked with STEP_MARK ranges.
 
@@ -433,7 +434,7 @@ def timeline_from_chrome_trace(trace: dict) -> tuple[list[Event], list[Window], 
 
 
 def _gpu_timeline(
-    xs: list[dict], cpu: list[dict], device: list[dict], cpu_windows: list[Window]
+    xs: list[dict[str, Any]], cpu: list[dict[str, Any]], device: list[dict[str, Any]], cpu_windows: list[Window]
 ) -> tuple[list[Event], list[Window], str]:
     counts: dict[object, int] = defaultdict(int)
     for e in device:
@@ -443,7 +444,9 @@ def _gpu_timeline(
     stacks = _cpu_stacks(cpu)
     launches = {(e.get("args") or {}).get("correlation"): e for e in xs if e.get("cat") in _RUNTIME_CATS}
     end_mark = max((e["ts"] for e in cpu if e["name"] == END_MARK), default=None)
-    events, first_start, last_end = [], {}, 0.0
+    events: list[Event] = []
+    first_start: dict[int, float] = {}
+    last_end = 0.0
     end_start = None
     for e in device:
         args = e.get("args") or {}

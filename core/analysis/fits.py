@@ -22,7 +22,7 @@ describes it, and the arithmetic of the fits is only checked within that span.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -167,7 +167,7 @@ def _fit_amdahl_normalised(ns: Sequence[float], xs: Sequence[float]) -> AmdahlPa
     return AmdahlParams(tokens_per_sec_one_device=x1, serial_fraction=s, quality=quality)
 
 
-def _golden_min(f, lo: float, hi: float, iters: int = 50) -> float:
+def _golden_min(f: Callable[[float], float], lo: float, hi: float, iters: int = 50) -> float:
     a, b = lo, hi
     c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
     fc, fd = f(c), f(d)
@@ -232,11 +232,13 @@ def _usl_linear(ns: Sequence[float], xs: Sequence[float], free: tuple[str, ...])
     return 1 / coef["a"], coef.get("sigma", 0.0) / coef["a"], coef.get("kappa", 0.0) / coef["a"]
 
 
-def _usl_sse(ns, xs, p: tuple[float, float, float]) -> float:
+def _usl_sse(ns: Sequence[float], xs: Sequence[float], p: tuple[float, float, float]) -> float:
     return sum((usl_x(n, *p) / x - 1) ** 2 for n, x in zip(ns, xs))
 
 
-def _usl_refine(ns, xs, p: tuple[float, float, float], free: tuple[str, ...], iters: int = 50):
+def _usl_refine(
+    ns: Sequence[float], xs: Sequence[float], p: tuple[float, float, float], free: tuple[str, ...], iters: int = 50
+) -> tuple[float, float, float]:
     """Levenberg-Marquardt on relative residuals in X (the linearization weighs them slightly differently)."""
     lam_damp, best = 1e-3, _usl_sse(ns, xs, p)
     idx = [0] + [1 + ("sigma", "kappa").index(f) for f in free]
@@ -255,9 +257,10 @@ def _usl_refine(ns, xs, p: tuple[float, float, float], free: tuple[str, ...], it
             trial = list(p)
             for i, s in zip(idx, step):
                 trial[i] = max(trial[i] + s, 0.0 if i else 1e-300)
-            sse = _usl_sse(ns, xs, tuple(trial))
+            trial_p = (trial[0], trial[1], trial[2])
+            sse = _usl_sse(ns, xs, trial_p)
             if sse < best:
-                p, best, lam_damp, improved = tuple(trial), sse, lam_damp / 10, True
+                p, best, lam_damp, improved = trial_p, sse, lam_damp / 10, True
                 break
             lam_damp *= 10
         if not improved or best < 1e-28:

@@ -30,7 +30,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -164,7 +164,7 @@ def loss_verdict(
     """The verdict of one fp8 point (its runs, every seed and repeat) against its bf16 twin's runs."""
     if tolerance <= 0:
         raise ValueError(f"tolerance must be > 0, got {tolerance}")
-    no = dict(verdict="inconclusive", tolerance=tolerance)
+    no: dict[str, Any] = dict(verdict="inconclusive", tolerance=tolerance)
     fp8, bf16 = _first_by_seed(fp8_runs), _first_by_seed(bf16_runs)
     if not fp8:
         return LossVerdict(reason="no fp8 loss curve", **no)
@@ -190,7 +190,7 @@ def loss_verdict(
         source, first = "eval", eval_first
     else:
         source, first = "train", n - k
-    where = dict(
+    where: dict[str, Any] = dict(
         source=source,
         window_first_step=first,
         window_last_step=last,
@@ -202,7 +202,7 @@ def loss_verdict(
     for f, b in pairs:
         g = _seed_gap(_points(f, source, first, last), _points(b, source, first, last))
         if isinstance(g, str):
-            verdict = "differs" if g.startswith("fp8 loss is not finite") else "inconclusive"
+            verdict: Verdict = "differs" if g.startswith("fp8 loss is not finite") else "inconclusive"
             return LossVerdict(verdict=verdict, reason=f"{g} (seed {f.seed}, {source} loss)", **where)
         gaps.append(g)
     num = len(gaps)
@@ -214,7 +214,7 @@ def loss_verdict(
     b_slope = statistics.fmean(g.bf16_slope for g in gaps)
     b_loss = statistics.fmean(g.bf16_mean for g in gaps)
     f_loss = statistics.fmean(g.fp8_mean for g in gaps)
-    values = dict(
+    values: dict[str, Any] = dict(
         gap=gap,
         band=band,
         fp8_slope=f_slope,

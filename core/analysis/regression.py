@@ -228,7 +228,9 @@ def _next_state(verdict: str, previous_state: str | None) -> State | None:
     return "recovered" if is_open else None
 
 
-def _failure_finding(history, current, previous_state, config) -> Finding | None:
+def _failure_finding(
+    history: Sequence[NightlyValue], current: NightlyValue, previous_state: str | None, config: MetricConfig
+) -> Finding | None:
     good = _last_good(history)
     if good is None:
         return None  # never succeeded: nothing regressed

@@ -20,9 +20,9 @@ import functools
 import io
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from core.analysis.fits import MIN_FIT_POINTS, AmdahlParams, FitRefused, USLParams, fit_amdahl, fit_usl
 from core.analysis.numerics import LossVerdict, RunLosses, loss_verdict
@@ -235,7 +235,7 @@ def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> P
     ok = [r for r in succeeded if _usable_throughput(r)]
     num_invalid = len(succeeded) - len(ok)  # counted as failed: nothing usable was measured
     num_failed = sum(r.status == "failed" for r in runs) + num_invalid
-    xs = [r.tokens_per_sec for r in ok]
+    xs = [r.tokens_per_sec for r in ok if r.tokens_per_sec is not None]  # all of ok: succeeded has a value
     return PointRuns(
         key=key,
         num_devices=num_devices,
@@ -259,7 +259,7 @@ def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> P
 def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
     """One PointRuns per (series, N), series in order of their first run, N in order of first appearance."""
     groups: dict[tuple[SeriesKey, int], list[RunPoint]] = {}
-    keys: dict[tuple, SeriesKey] = {}
+    keys: dict[tuple[object, ...], SeriesKey] = {}
     for r in runs:
         raw = (r.engine, r.model, r.num_layers, r.precision, r.layout, r.scaling, r.cluster)
         key = keys.get(raw) or keys.setdefault(raw, _key(r))
@@ -267,7 +267,7 @@ def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
     return [_point_runs(key, n, rs) for (key, n), rs in groups.items()]
 
 
-def _point(p: PointRuns, noisy_spread: float) -> dict:
+def _point(p: PointRuns, noisy_spread: float) -> dict[str, Any]:
     """The fields of a ScalingPoint (efficiency and fp8 speedup are added by the series)."""
     base = dict(
         num_devices=p.num_devices,
@@ -281,8 +281,9 @@ def _point(p: PointRuns, noisy_spread: float) -> dict:
     if not p.num_succeeded:
         status: PointStatus = "failed" if p.num_failed and not p.num_pending else "pending"
         return dict(status=status, flags=[status] + invalid + imported, **base)
-    x = p.tokens_per_sec
-    spread = _finite((p.tokens_per_sec_max - p.tokens_per_sec_min) / x) if x > 0 else None
+    x, x_min, x_max = p.tokens_per_sec, p.tokens_per_sec_min, p.tokens_per_sec_max
+    assert x is not None and x_min is not None and x_max is not None, "a succeeded run gives the point its X"
+    spread = _finite((x_max - x_min) / x) if x > 0 else None
     flags = ["noisy"] if spread is not None and spread > noisy_spread else []
     flags += ["some_failed"] if p.num_failed else []
     flags += ["pending"] if p.num_pending else []
@@ -313,10 +314,11 @@ def _layout_fits(layout: str, num_devices: int) -> bool:
 
 def _points(
     by_n: Mapping[int, PointRuns], layout: str, all_counts: Sequence[int], noisy_spread: float
-) -> tuple[list[dict], list[int]]:
+) -> tuple[list[dict[str, Any]], list[int]]:
     """Points of one series (as ScalingPoint fields), with missing ones for counts measured elsewhere; also
     the counts the layout cannot use."""
-    points, impossible = [], []
+    points: list[dict[str, Any]] = []
+    impossible: list[int] = []
     for n in all_counts:
         if n in by_n:
             points.append(_point(by_n[n], noisy_spread))
@@ -327,7 +329,7 @@ def _points(
     return points, impossible
 
 
-def _with_efficiency(points: list[dict], baseline_n: int | None) -> tuple[int | None, list[str]]:
+def _with_efficiency(points: list[dict[str, Any]], baseline_n: int | None) -> tuple[int | None, list[str]]:
     """E(N) = X(N) / (X(N0) * N / N0), set on the points. An asked-for N0 that this series did not measure
     gives no E, and says so."""
     measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
@@ -346,7 +348,9 @@ def _with_efficiency(points: list[dict], baseline_n: int | None) -> tuple[int | 
 # -------------------------------------------------------------------------------------------- fits
 
 
-def _prediction(predict, num_devices: int | None, measured: Mapping[int, float], n0: int | None) -> Prediction | None:
+def _prediction(
+    predict: Callable[[float], float], num_devices: int | None, measured: Mapping[int, float], n0: int | None
+) -> Prediction | None:
     """X and E predicted at `num_devices`; None without a size, or where X leaves the float range."""
     if num_devices is None:
         return None
@@ -355,7 +359,9 @@ def _prediction(predict, num_devices: int | None, measured: Mapping[int, float],
         return None
     lo, hi = min(measured), max(measured)
     extrapolated = not lo <= num_devices <= hi
-    eff = _finite((x / measured[n0]) * (n0 / num_devices)) if n0 in measured else None  # ratio first: no overflow
+    eff = (
+        _finite((x / measured[n0]) * (n0 / num_devices)) if n0 is not None and n0 in measured else None
+    )  # ratio first: no overflow
     note = (
         f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}"
         if extrapolated
@@ -449,11 +455,11 @@ def _pair_key(k: SeriesKey) -> tuple[str, str, int, str, str, str]:
     return (k.engine, k.model, k.num_layers, k.layout, k.scaling, k.cluster)
 
 
-def _point_key(k: SeriesKey, num_devices: int) -> tuple:
+def _point_key(k: SeriesKey, num_devices: int) -> tuple[str, str, int, str, str, str, str, int]:
     return (k.engine, k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, num_devices)
 
 
-def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPoint]:
+def _engine_ratios(groups: Mapping[SeriesKey, list[dict[str, Any]]]) -> list[EngineRatioPoint]:
     """R(N) of every point of a series of another engine against the scalebench point of the same key and N."""
     ours = {
         _point_key(k, p["num_devices"]): p.get("tokens_per_sec")
@@ -468,7 +474,9 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPo
         for p in pts:
             x = p.get("tokens_per_sec")
             ref = ours.get(_point_key(k.model_copy(update={"engine": "scalebench"}), p["num_devices"]))
-            ratio = _finite(x / ref) if x and ref else None
+            if not x or not ref:
+                continue
+            ratio = _finite(x / ref)
             if ratio is not None:
                 out.append(
                     EngineRatioPoint(
@@ -482,7 +490,7 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPo
     return out
 
 
-def _verdict_fields(p: dict, b: dict, run_losses: Mapping[str, RunLosses] | None) -> dict:
+def _verdict_fields(p: dict[str, Any], b: dict[str, Any], run_losses: Mapping[str, RunLosses] | None) -> dict[str, Any]:
     """The loss verdict of an fp8 point against its bf16 twin, from their runs' curves (none: no verdict)."""
     if run_losses is None:
         return {}
@@ -496,7 +504,7 @@ def _verdict_fields(p: dict, b: dict, run_losses: Mapping[str, RunLosses] | None
 
 
 def _speedups(
-    groups: Mapping[SeriesKey, list[dict]], run_losses: Mapping[str, RunLosses] | None = None
+    groups: Mapping[SeriesKey, list[dict[str, Any]]], run_losses: Mapping[str, RunLosses] | None = None
 ) -> list[SpeedupPoint]:
     """S(N) of every fp8 point against the bf16 point of its pair series; points as ScalingPoint fields.
     run_losses (run id -> its curves): each pair also gets its loss verdict."""
@@ -504,7 +512,9 @@ def _speedups(
     out = []
     for k, pts in groups.items():
         ref = bf16.get(_pair_key(k)) if k.precision in FP8_PRECISIONS else None
-        for p in pts if ref else []:
+        if not ref:
+            continue
+        for p in pts:
             b = ref.get(p["num_devices"])
             x, loss = p.get("tokens_per_sec"), p.get("final_loss")
             if x and b is not None and b.get("tokens_per_sec"):
@@ -533,7 +543,7 @@ def _speedups(
 
 
 def _series(
-    key: SeriesKey, points: list[dict], impossible: list[int], baseline_n: int | None, full_n: int | None
+    key: SeriesKey, points: list[dict[str, Any]], impossible: list[int], baseline_n: int | None, full_n: int | None
 ) -> Series:
     n0, notes = _with_efficiency(points, baseline_n)
     measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
@@ -615,7 +625,7 @@ def build_report_from_points(
     }
     series = []
 
-    def order(k: SeriesKey) -> tuple:
+    def order(k: SeriesKey) -> tuple[str, int, str, str, bool, str, str, str]:
         return (
             k.model,
             k.num_layers,
@@ -629,9 +639,9 @@ def build_report_from_points(
 
     for k in sorted(sized, key=order):
         pts, impossible = sized[k]
-        for p in pts:
-            p["fp8_speedup"] = s_of.get(_point_key(k, p["num_devices"]))
-            p["engine_ratio"] = r_of.get(_point_key(k, p["num_devices"]))
+        for point in pts:
+            point["fp8_speedup"] = s_of.get(_point_key(k, point["num_devices"]))
+            point["engine_ratio"] = r_of.get(_point_key(k, point["num_devices"]))
         full_n = (full_size_by_cluster or {}).get(k.cluster)
         series.append(_series(k, pts, impossible, baseline_num_devices, full_n))
     return ScalingReport(

@@ -21,7 +21,10 @@ def step_records(
     warmup_steps: int,
 ) -> list[StepRecord]:
     n = max(len(step_ms), len(losses))
-    pick = lambda xs, i: xs[i] if i < len(xs) else None  # noqa: E731
+
+    def pick(xs: list[float], i: int) -> float | None:
+        return xs[i] if i < len(xs) else None
+
     return [
         StepRecord(
             step=i,

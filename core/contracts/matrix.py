@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from core.catalog.hardware import unsupported_reason
 from core.catalog.shapes import get_shape
 from core.contracts.clusters import Cluster
-from core.contracts.specs import FP8_PRECISIONS, MX_PRECISIONS, ExperimentSpec, ParallelDegrees, RunSpec, resolve_layout
+from core.contracts.specs import (
+    FP8_PRECISIONS,
+    MX_PRECISIONS,
+    ExperimentSpec,
+    ParallelDegrees,
+    Precision,
+    RunSpec,
+    resolve_layout,
+)
 from core.engines.registry import engine_reason
 
 
@@ -78,7 +86,7 @@ def _run_spec(
     spec: ExperimentSpec,
     cluster: Cluster,
     engine: str,
-    precision: str,
+    precision: Precision,
     layout: str,
     degrees: ParallelDegrees,
     seed: int,

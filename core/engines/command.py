@@ -22,7 +22,7 @@ Pure: imports core only.
 from __future__ import annotations
 
 import string
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -170,7 +170,7 @@ def _fill(template: str, values: dict[str, str]) -> str:
     return template.format_map(values)
 
 
-def render_command(engine: CommandEngineConfig, spec: RunSpec, values: dict[str, str]) -> dict:
+def render_command(engine: CommandEngineConfig, spec: RunSpec, values: dict[str, str]) -> dict[str, Any]:
     """The launch of one run: argv (with {precision_args} expanded), env, cwd, metrics source and file."""
     values = dict(values)
     values["metrics_file"] = _fill(engine.metrics_file, values)

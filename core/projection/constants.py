@@ -6,6 +6,8 @@ values are the ones it printed. Refit them only by rerunning that script.
 
 from __future__ import annotations
 
+from typing import Literal
+
 # Compute units a running collective takes from the compute it overlaps (its kernels' blocks and memory bandwidth).
 COLLECTIVE_UNITS = 64.0
 # Achieved / nominal bus bandwidth of a ring inside a node (NVLink, Infinity Fabric) and across nodes (NICs).
@@ -13,7 +15,7 @@ INTRA_NODE_EFFICIENCY = 0.85
 INTER_NODE_EFFICIENCY = 1.0
 # Device-to-device speed spread (std / mean) and the shape of its slow tail: a step waits for the slowest device.
 DEVICE_SPEED_CV = 0.005
-STRAGGLER_TAIL = "exponential"
+STRAGGLER_TAIL: Literal["exponential", "normal"] = "exponential"
 
 # The 80% prediction interval of a projected E(N): +- INTERVAL_PP_PER_DOUBLING percentage points per doubling of
 # N / N0, the split-conformal quantile of the sources' out-of-sample miss scores.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from core.analysis.scaling import ScalingReport, Series, SeriesKey
 from core.contracts.base import Frozen
@@ -302,8 +302,8 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
                 best = (err, m, combo)
         ranges = {k: _around(best[2][k], (hi - lo) / 4, FIT_RANGES[k]) for k, (lo, hi) in ranges.items()}
     err, fitted, combo = best
-    worst = max(abs(fitted.tokens_per_sec(n) / x - 1) for n, x in pts.items())
-    worst = worst if math.isfinite(worst) else None
+    max_miss = max(abs(fitted.tokens_per_sec(n) / x - 1) for n, x in pts.items())
+    worst = max_miss if math.isfinite(max_miss) else None
     return Calibration(
         fitted=True,
         parameters=combo,
@@ -314,7 +314,7 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
     ), fitted
 
 
-def _workload(key: SeriesKey, spec: Mapping) -> Workload:
+def _workload(key: SeriesKey, spec: Mapping[str, Any]) -> Workload:
     return Workload(
         model=key.model,
         num_layers=key.num_layers,
@@ -347,7 +347,7 @@ def _finite(parts: StepParts) -> bool:
 
 def project_series(
     series: Series,
-    spec: Mapping,
+    spec: Mapping[str, Any],
     net: Network,
     gpus_per_node: int,
     gpu_counts: Sequence[int],
@@ -466,7 +466,7 @@ def project_series(
 
 def project_report(
     report: ScalingReport,
-    spec: Mapping,
+    spec: Mapping[str, Any],
     net: NetworkUsed,
     gpu_counts: Sequence[int],
     *,

@@ -152,7 +152,9 @@ def default_network(device_name: str) -> tuple[Network | None, str]:
     name = device_name.lower()
     for match, platform in PLATFORM_OF_DEVICE:
         if match in name:
-            return Network(platform=platform, nic="ib-400g"), f"{platform} + ib-400g (from device {device_name!r})"
+            return Network.model_validate(
+                {"platform": platform, "nic": "ib-400g"}
+            ), f"{platform} + ib-400g (from device {device_name!r})"
     return None, f"no network known for device {device_name!r}"
 
 

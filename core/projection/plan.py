@@ -92,7 +92,7 @@ def _option(
     precision: str,
     layout: str,
     n: int,
-    source: str,
+    source: Literal["measured", "projected"],
     x: float,
     eff: float | None,
     tokens: float,
@@ -158,7 +158,7 @@ def build_plan(
             if p.num_devices not in counts:
                 continue
             m = meas.get(k, {}).get(p.num_devices)
-            if m is not None:
+            if m is not None and m.tokens_per_sec is not None:  # meas holds only points with a throughput
                 o = _option(*k, p.num_devices, "measured", m.tokens_per_sec, m.efficiency, tokens, gpu_hour_cost)
             else:
                 o = _option(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -299,7 +300,7 @@ def step_time(
     )
 
 
-def solve_compute(target_ms: float, step_of) -> float:
+def solve_compute(target_ms: float, step_of: Callable[[float], float]) -> float:
     """The compute_ms whose modelled time step_of(compute_ms) is target_ms. step_of is increasing and piecewise
     linear with slope >= 1, so secant steps from c = target converge in a few calls; bisection guards them."""
     if step_of(0.0) >= target_ms:

@@ -6,10 +6,12 @@ naive. JSON columns are JSONB on PostgreSQL (tag containment filters) and JSON e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from db.base import Base, enum_check, utcnow
@@ -40,11 +42,11 @@ class Experiment(Base):
     )
 
 
-def _from_spec(field: str):
+def _from_spec(field: str) -> Callable[[DefaultExecutionContext], Any]:
     """Column default copied from the run's spec JSON at INSERT, so that the scaling series key (model,
     layers, scaling mode) is a plain column: grouping 20,000 runs then reads no JSON."""
 
-    def default(context: sa.engine.interfaces.ExecutionContext) -> Any:
+    def default(context: DefaultExecutionContext) -> Any:
         return context.get_current_parameters()["spec"][field]
 
     return default

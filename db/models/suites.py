@@ -7,7 +7,7 @@ names the suite that fired it.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
@@ -18,7 +18,7 @@ DEFAULT_SCHEDULE = "0 2 * * *"  # 02:00 UTC every night
 # What a scheduled firing does while an earlier firing of its suite has unfinished runs (Kubernetes CronJob's
 # concurrencyPolicy): skip it (the default), queue it behind them, or replace them (cancel, then fire).
 CONCURRENCY_POLICIES = ("skip", "queue", "replace")
-DEFAULT_CONCURRENCY_POLICY = "skip"
+DEFAULT_CONCURRENCY_POLICY: Final = "skip"
 DEFAULT_MAX_QUEUED_RUNS = 200  # a firing is skipped while this many of the suite's runs are still queued
 FIRING_OUTCOMES = ("fired", "skipped", "failed")
 FIRING_TRIGGERS = ("schedule", "manual")

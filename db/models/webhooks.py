@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
@@ -18,7 +18,7 @@ WEBHOOK_EVENTS = (
     "regression.recovered",
     "regression.improved",
 )
-DEFAULT_WEBHOOK_EVENTS = ["regression.confirmed"]
+DEFAULT_WEBHOOK_EVENTS: Final = ("regression.confirmed",)
 
 
 class Webhook(Base):

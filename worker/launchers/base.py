@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from core.analysis.breakdown import TRACE_FILE
 from core.contracts.clusters import Cluster
-from core.contracts.specs import RunResult, RunSpec
+from core.contracts.specs import ErrorKind, RunResult, RunSpec
 from core.engines.command import COMMAND_FILE
 from core.engines.registry import command_file
 
@@ -57,7 +57,7 @@ class LaunchOutcome:
 
     state: str  # "succeeded" | "failed" | "pending" | "running" | "cancelled"
     result: RunResult | None = None
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None
     message: str | None = None
     exit_code: int | None = None
     log_tail: str = ""

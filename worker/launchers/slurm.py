@@ -122,9 +122,10 @@ def parse_slurm_time(value: str) -> int:
     if not m:
         raise ValueError(f"slurm time_limit {value!r} is not one of M, M:S, H:M:S, D-H, D-H:M, D-H:M:S")
     days, a, b, c = (int(x) if x is not None else None for x in m.groups())
+    assert a is not None  # the regex's one group that is not optional
     if days is not None:  # D-H[:M[:S]]
         return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:
+    if c is not None and b is not None:  # the regex gives a third field only after a second
         return a * 3600 + b * 60 + c
     return a * 60 + (b or 0)
 
