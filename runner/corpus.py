@@ -2,6 +2,8 @@
 
     python -m runner.corpus build --out data/            # -> data/pydocs-32k.{bin,val,json,tokenizer.json}
     python -m runner.corpus build --out data/ --text-dir DIR --name mytext --vocab-size 32000
+    python -m runner.corpus build --out data/ --name pycode-32k --code stdlib --code numpy --code sqlalchemy \
+        --code pandas                                    # source code: ~15 M train tokens (the GPU runs' corpus)
     python -m runner.corpus check data/pydocs-32k.bin    # re-hash the files against the recipe
 
 Nothing is downloaded. The default text is English prose that every Python installation ships: the language
@@ -9,6 +11,13 @@ reference and tutorial topics of `pydoc_data.topics`, and the docstrings (of mod
 and comment paragraphs of the standard library's modules (read with ast and tokenize, nothing imported; tests/,
 idlelib/, site-packages/ left out): ~3.8 M characters, ~0.9 M tokens with Python 3.11. `--text-dir` takes every
 *.txt, *.rst and *.md file under a directory instead (sorted by path).
+
+Source code (`--code NAME`, repeatable): every *.py file, whole, of the standard library (`stdlib`: the running
+Python's, the directories above left out) and of installed packages (an importable top-level package name: its
+directory in site-packages, `tests`/`test` directories left out), in the order given, files sorted by path; one
+document per file. The recipe records the Python version and each package's distribution version: the same
+versions give the same text (text_sha256), tokenizer and token files. Sizes seen with Python 3.11.7 and the dev
+venv's pins (stdlib, numpy, sqlalchemy, pandas): bench/results/2026-12-04-time-to-loss-h200.md.
 
 Recipe (fixed; recorded in <name>.json with the checksums, so a number can be reproduced):
 - documents: one per topic and per module (its docstrings of 3+ words, then its comment paragraphs of 4+ words,
@@ -53,6 +62,8 @@ VAL_PER_MILLE = 30  # documents in the held-out split, per thousand (by hash of 
 EOT = "<|endoftext|>"
 MAX_HASHED_BYTES = 1 << 30  # a token file without a recipe is hashed at run start only up to 1 GiB
 SKIPPED_STDLIB_DIRS = ("test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo")
+SKIPPED_PACKAGE_DIRS = ("test", "tests", "__pycache__")
+STDLIB = "stdlib"  # --code's name of the running Python's standard library
 TEXT_SUFFIXES = (".txt", ".rst", ".md")
 
 
@@ -129,6 +140,39 @@ def dir_documents(text_dir: Path) -> Iterator[Document]:
         yield Document(f"file:{path.relative_to(text_dir).as_posix()}", _clean(path.read_text(encoding="utf-8")))
 
 
+def code_root(name: str) -> tuple[Path, str | None, tuple[str, ...]]:
+    """(directory, version, skipped directory names) of a --code name: `stdlib` or an installed package."""
+    if name == STDLIB:
+        return Path(sysconfig.get_paths()["stdlib"]), sys.version.split()[0], SKIPPED_STDLIB_DIRS
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"--code {name!r} is neither {STDLIB!r} nor an installed package (a directory)")
+    dists = importlib.metadata.packages_distributions().get(name, [name])
+    try:
+        version = importlib.metadata.version(dists[0])
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return Path(list(spec.submodule_search_locations)[0]), version, SKIPPED_PACKAGE_DIRS
+
+
+def code_documents(names: list[str]) -> Iterator[Document]:
+    """Every *.py file of each --code name, whole, in the order given (files sorted by path)."""
+    for name in names:
+        root, _, skipped = code_root(name)
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root)
+            if any(part in skipped for part in rel.parts[:-1]):
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            yield Document(f"code:{name}/{rel.as_posix()}", _clean(text))
+
+
 def is_val(name: str) -> bool:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") % 1000 < VAL_PER_MILLE
 
@@ -159,13 +203,8 @@ def _train_tokenizer(train: list[Document], vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=MIN_FREQUENCY,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=MIN_FREQUENCY, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator((d.text for d in train), trainer=trainer, length=len(train))
     return tok
 
@@ -179,35 +218,35 @@ def _encode(tok, docs: list[Document], dtype: np.dtype) -> np.ndarray:
     return np.asarray(ids, dtype=dtype)
 
 
-def build(
-    out_dir: Path,
-    *,
-    name: str = DEFAULT_NAME,
-    text_dir: Path | None = None,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
-    stdlib_dir: Path | None = None,
-) -> dict:
-    """Build the corpus into out_dir; returns the recipe (also written to <name>.json)."""
+def build(out_dir: Path, *, name: str = DEFAULT_NAME, text_dir: Path | None = None,
+          vocab_size: int = DEFAULT_VOCAB_SIZE, stdlib_dir: Path | None = None, code: list[str] | None = None) -> dict:
+    """Build the corpus into out_dir; returns the recipe (also written to <name>.json). One source: text_dir,
+    code (names for --code), or the stdlib docs."""
     if vocab_size < 300:
         raise ValueError(f"vocab_size must be at least 300 (256 bytes + merges), got {vocab_size}")
-    source = f"dir:{Path(text_dir).name}" if text_dir else "python-stdlib-docs"
-    docs = [d for d in (dir_documents(text_dir) if text_dir else stdlib_documents(stdlib_dir)) if d.text]
+    if text_dir and code:
+        raise ValueError("give text_dir or code, not both")
+    code_versions = {c: code_root(c)[1] for c in code or []}  # refuses an unknown name before any work
+    if code:
+        source = "code:" + ",".join(code)
+        documents: Iterator[Document] = code_documents(code)
+    elif text_dir:
+        source, documents = f"dir:{Path(text_dir).name}", dir_documents(text_dir)
+    else:
+        source, documents = "python-stdlib-docs", stdlib_documents(stdlib_dir)
+    docs = [d for d in documents if d.text]
     if not docs:
         raise ValueError(f"no text found ({source})")
     train = [d for d in docs if not is_val(d.name)]
     val = [d for d in docs if is_val(d.name)]
     if not train or not val:
-        raise ValueError(
-            f"{len(docs)} documents split into {len(train)} train and {len(val)} held-out: need both (more documents)"
-        )
+        raise ValueError(f"{len(docs)} documents split into {len(train)} train and {len(val)} held-out: need both "
+                         "(more documents)")
     tok = _train_tokenizer(train, vocab_size)
     dtype = token_dtype(tok.get_vocab_size())
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "train": out_dir / f"{name}.bin",
-        "val": out_dir / f"{name}.val",
-        "tokenizer": out_dir / f"{name}.tokenizer.json",
-    }
+    paths = {"train": out_dir / f"{name}.bin", "val": out_dir / f"{name}.val",
+             "tokenizer": out_dir / f"{name}.tokenizer.json"}
     train_ids, val_ids = _encode(tok, train, dtype), _encode(tok, val, dtype)
     train_ids.tofile(paths["train"])
     val_ids.tofile(paths["val"])
@@ -215,26 +254,15 @@ def build(
     import tokenizers
 
     recipe = {
-        "recipe_version": RECIPE_VERSION,
-        "name": name,
-        "source": source,
+        "recipe_version": RECIPE_VERSION, "name": name, "source": source,
         "python_version": sys.version.split()[0] if not text_dir else None,
-        "documents": {"train": len(train), "val": len(val)},
-        "text_sha256": _text_sha256(docs),
-        "text_chars": sum(len(d.text) for d in docs),
-        "val_per_mille": VAL_PER_MILLE,
-        "tokenizer": {
-            "library": "tokenizers",
-            "version": tokenizers.__version__,
-            "model": "BPE",
-            "pre_tokenizer": "ByteLevel(add_prefix_space=False)",
-            "vocab_size": tok.get_vocab_size(),
-            "min_frequency": MIN_FREQUENCY,
-            "special_tokens": [EOT],
-            "eot_id": tok.token_to_id(EOT),
-        },
-        "dtype": dtype.name,
-        "tokens": {"train": int(train_ids.size), "val": int(val_ids.size)},
+        **({"code_versions": code_versions} if code else {}),
+        "documents": {"train": len(train), "val": len(val)}, "text_sha256": _text_sha256(docs),
+        "text_chars": sum(len(d.text) for d in docs), "val_per_mille": VAL_PER_MILLE,
+        "tokenizer": {"library": "tokenizers", "version": tokenizers.__version__, "model": "BPE",
+                      "pre_tokenizer": "ByteLevel(add_prefix_space=False)", "vocab_size": tok.get_vocab_size(),
+                      "min_frequency": MIN_FREQUENCY, "special_tokens": [EOT], "eot_id": tok.token_to_id(EOT)},
+        "dtype": dtype.name, "tokens": {"train": int(train_ids.size), "val": int(val_ids.size)},
         "sha256": {k: sha256_file(p) for k, p in paths.items()},
         "files": {k: p.name for k, p in paths.items()},
     }
@@ -281,11 +309,9 @@ def describe(data_path: str | Path) -> str:
     if path.stat().st_size != expected_bytes:
         digest = sha256_file(path)
     tok = recipe.get("tokenizer", {})
-    return (
-        f"{path.name} sha256:{digest}; recipe {recipe.get('name')} v{recipe.get('recipe_version')} "
-        f"source {recipe.get('source')} text sha256:{recipe.get('text_sha256')}; tokenizer "
-        f"{tok.get('model')} vocab {tok.get('vocab_size')} sha256:{recipe['sha256'].get('tokenizer')}"
-    )
+    return (f"{path.name} sha256:{digest}; recipe {recipe.get('name')} v{recipe.get('recipe_version')} "
+            f"source {recipe.get('source')} text sha256:{recipe.get('text_sha256')}; tokenizer "
+            f"{tok.get('model')} vocab {tok.get('vocab_size')} sha256:{recipe['sha256'].get('tokenizer')}")
 
 
 def check(data_path: str | Path) -> list[str]:
@@ -294,11 +320,8 @@ def check(data_path: str | Path) -> list[str]:
     if recipe is None:
         raise FileNotFoundError(f"no recipe beside {data_path} ({recipe_path(data_path)})")
     base = Path(data_path).parent
-    return [
-        k
-        for k, name in recipe["files"].items()
-        if not (base / name).is_file() or sha256_file(base / name) != recipe["sha256"][k]
-    ]
+    return [k for k, name in recipe["files"].items()
+            if not (base / name).is_file() or sha256_file(base / name) != recipe["sha256"][k]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,22 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=Path, required=True, help="output directory")
     b.add_argument("--name", default=DEFAULT_NAME, help=f"file stem (default {DEFAULT_NAME})")
     b.add_argument("--text-dir", type=Path, help="*.txt/*.rst/*.md files to use instead of the stdlib docs")
+    b.add_argument("--code", action="append", metavar="NAME",
+                   help=f"source code instead: {STDLIB!r} or an installed package's name (repeatable, in order)")
     b.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
     c = sub.add_parser("check", help="re-hash a built corpus against its recipe")
     c.add_argument("data_path", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "build":
-        recipe = build(args.out, name=args.name, text_dir=args.text_dir, vocab_size=args.vocab_size)
-        log.info(
-            "%s: %d train + %d held-out tokens (%s), vocab %d; sha256 %s",
-            args.out / recipe["files"]["train"],
-            recipe["tokens"]["train"],
-            recipe["tokens"]["val"],
-            recipe["dtype"],
-            recipe["tokenizer"]["vocab_size"],
-            json.dumps(recipe["sha256"]),
-        )
+        recipe = build(args.out, name=args.name, text_dir=args.text_dir, vocab_size=args.vocab_size, code=args.code)
+        log.info("%s: %d train + %d held-out tokens (%s), vocab %d; sha256 %s", args.out / recipe["files"]["train"],
+                 recipe["tokens"]["train"], recipe["tokens"]["val"], recipe["dtype"],
+                 recipe["tokenizer"]["vocab_size"], json.dumps(recipe["sha256"]))
         return 0
     bad = check(args.data_path)
     log.info("%s: %s", args.data_path, "all checksums match" if not bad else f"checksum differs: {', '.join(bad)}")
