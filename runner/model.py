@@ -8,6 +8,7 @@ hold num_heads / tp heads per rank). Build on the meta device, then `to_empty` a
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -136,15 +137,24 @@ def _param_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _init_std(name: str, shape: ModelShape) -> float | None:
-    """Standard deviation per parameter (None: RMSNorm weight, set to one)."""
+def init_distribution(name: str, shape: ModelShape) -> tuple[float, float] | None:
+    """(std, truncation bound in absolute value) of a parameter's normal draw; None: RMSNorm weight, set to one.
+
+    TorchTitan 0.2.2's llama3 scheme (Transformer.init_weights), so that both engines start from the same
+    distribution: token embeddings N(0, 1); wq, wk, wv and w1 std 0.02; the depth-scaled wo, w2 and w3 std
+    0.02 / sqrt(2 (layer + 1)) (its depth_init); these truncated at +-2 (absolute, as its trunc_normal_ default);
+    the output projection std dim^-1/2 truncated at 3 std."""
     if name.endswith("norm.weight"):
         return None
-    if name.endswith(("wo.weight", "w2.weight")):
-        return 0.02 / (2 * shape.num_layers) ** 0.5  # residual projections scaled by depth (GPT-2)
+    if name.startswith("tok_embeddings"):
+        return 1.0, math.inf
     if name.startswith("output"):
-        return shape.dim**-0.5
-    return 0.02
+        std = shape.dim**-0.5
+        return std, 3 * std
+    if name.endswith(("wo.weight", "w2.weight", "w3.weight")):
+        layer_id = int(name.split(".")[1])  # layers.<i>.…
+        return 0.02 / (2 * (layer_id + 1)) ** 0.5, 2.0
+    return 0.02, 2.0
 
 
 def _strip_wrappers(name: str) -> str:
@@ -155,8 +165,9 @@ def _strip_wrappers(name: str) -> str:
 
 
 @torch.no_grad()
-def init_weights(model: Llama, seed: int) -> None:
-    """Initialize every parameter from a per-name seeded stream, independent of how it is sharded.
+def init_parameters(module: nn.Module, shape: ModelShape, seed: int) -> None:
+    """Draw every parameter of a Llama-3 module (ours, or TorchTitan's llama3 Transformer: the same parameter
+    names) from a per-name seeded stream (init_distribution), independent of how it is sharded.
 
     Each rank draws the full tensor and keeps its own shard (DTensor.redistribute from Replicate is a
     local slice, no communication), so FSDP, TP and a single process start from identical weights and
@@ -164,19 +175,28 @@ def init_weights(model: Llama, seed: int) -> None:
     """
     from torch.distributed.tensor import DTensor, Replicate
 
-    for raw_name, param in model.named_parameters():
+    for raw_name, param in module.named_parameters():
         name = _strip_wrappers(raw_name)
-        std = _init_std(name, model.shape)
+        dist = init_distribution(name, shape)
         gen = torch.Generator(device=param.device).manual_seed(_param_seed(seed, name))
         full = torch.empty(param.shape, dtype=torch.float32, device=param.device)
-        if std is None:
+        if dist is None:
             full.fill_(1.0)
+        elif math.isinf(dist[1]):
+            full.normal_(0.0, dist[0], generator=gen)
         else:
-            full.normal_(0.0, std, generator=gen)
+            std, bound = dist
+            nn.init.trunc_normal_(full, mean=0.0, std=std, a=-bound, b=bound, generator=gen)
         if isinstance(param, DTensor):
             rep = DTensor.from_local(full, param.device_mesh, [Replicate()] * param.device_mesh.ndim, run_check=False)
             local = rep.redistribute(param.device_mesh, param.placements).to_local()
-            param.to_local().copy_(local)
+            param.to_local().copy_(local.to(param.dtype))
         else:
             param.copy_(full)
+
+
+@torch.no_grad()
+def init_weights(model: Llama, seed: int) -> None:
+    """init_parameters, then the RoPE table (a buffer)."""
+    init_parameters(model, model.shape, seed)
     model.rope.copy_(rope_cos_sin(model.shape.head_dim, model.max_seq_len, model.shape.rope_theta, model.rope.device))

@@ -9,6 +9,9 @@ The spec is TorchTitan's llama3 train spec (its Transformer, parallelize_llama, 
 loss) with:
 
 - flavors `<shape>_<layers>L` built on demand from core.catalog.shapes (runner.titan_config.model_args);
+- the initial weights of our runner: TorchTitan's Transformer whose init_weights, after its own (the RoPE table,
+  the norms), redraws every parameter with runner.model.init_parameters from debug.seed (per-name seeded
+  streams, in TorchTitan's own llama3 distribution), so both engines start from the same weights;
 - a dataloader that serves runner.data's batches (the synthetic stream by seed, or the data_path file), addressed
   by (seed, step, global sequence index) exactly as our runner reads them, so both engines train on the same
   tokens; no tokenizer, no validator, no Hugging Face state-dict adapter (nothing is read or downloaded).
@@ -26,14 +29,51 @@ from runner.data import Batches, MemmapTokens, SyntheticTokens
 from runner.titan_config import DATASET_FILE, DATASET_SYNTHETIC, MODEL_NAME, model_args, shape_of_flavor
 
 
+def _classes():
+    """(args class, model class): TorchTitan's llama3 TransformerModelArgs and Transformer, each with the one
+    addition engine parity needs (built once, on first use: TorchTitan is imported inside)."""
+    global _CLASSES
+    if _CLASSES is not None:
+        return _CLASSES
+    from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+
+    from runner.model import init_parameters
+
+    @dataclasses.dataclass
+    class SeededArgs(TransformerModelArgs):
+        """TransformerModelArgs that also keep the job's debug.seed (the Trainer calls update_from_config with
+        the job config before it builds the model) and the core.catalog.shapes shape of the flavor."""
+
+        init_seed: int = 0
+        flavor: str = ""
+
+        def update_from_config(self, job_config, **kwargs) -> None:
+            super().update_from_config(job_config, **kwargs)
+            self.init_seed = job_config.debug.seed or 0
+
+    class SeededTransformer(Transformer):
+        """TorchTitan's llama3 Transformer; init_weights runs TorchTitan's, then draws every parameter as our
+        runner does (runner.model.init_parameters, seed debug.seed)."""
+
+        def init_weights(self, buffer_device=None) -> None:
+            super().init_weights(buffer_device=buffer_device)
+            init_parameters(self, shape_of_flavor(self.model_args.flavor), self.model_args.init_seed)
+
+    _CLASSES = (SeededArgs, SeededTransformer)
+    return _CLASSES
+
+
+_CLASSES = None
+
+
 def transformer_args(flavor: str):
-    """TorchTitan's llama3 TransformerModelArgs of a flavor name ("8b_16L")."""
-    from torchtitan.models.llama3 import TransformerModelArgs
+    """TorchTitan's llama3 TransformerModelArgs of a flavor name ("8b_16L"), with the seed field (SeededArgs)."""
     from torchtitan.models.llama3.model.args import RoPEScalingArgs
 
     kwargs = model_args(shape_of_flavor(flavor))
     scaling = RoPEScalingArgs(scaling_factor=kwargs.pop("rope_scaling_factor"))
-    return TransformerModelArgs(**kwargs, rope_scaling_args=scaling)
+    args_class, _ = _classes()
+    return args_class(**kwargs, rope_scaling_args=scaling, flavor=flavor)
 
 
 class Flavors(Mapping):
@@ -98,11 +138,13 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer: Any, job_confi
 
 
 def train_spec():
-    """TorchTitan's llama3 TrainSpec with our flavors and data (no tokenizer, validator or HF adapter)."""
+    """TorchTitan's llama3 TrainSpec with our flavors, initial weights and data (no tokenizer, validator or HF
+    adapter)."""
     from torchtitan.models.llama3 import get_train_spec
 
     return dataclasses.replace(
         get_train_spec(),
+        model_cls=_classes()[1],
         model_args=Flavors(),
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=None,
