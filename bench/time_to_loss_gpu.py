@@ -174,7 +174,7 @@ def run_record(detail: dict) -> dict:
         "tokens_per_sec": summary.get("tokens_per_sec"),
         "step_ms_median": summary.get("step_ms_median"),
         "mfu_vs_bf16_peak": summary.get("mfu_vs_bf16_peak"),
-        "peak_memory_gib": summary.get("peak_memory_gib"),
+        "peak_memory_gib": summary.get("peak_memory_allocated_gib"),
         "throughput_alone": True,  # one worker: runs never share the device
         "environment": result.get("environment"),
         "error": detail.get("error"),
