@@ -129,3 +129,22 @@ def test_eval_loss_in_run_result(built, data):
         assert result.numerics.data.startswith(f"tiny.bin sha256:{recipe['sha256']['train']}")
     else:
         assert result.numerics.data == "synthetic"
+
+
+def test_code_recipe_takes_whole_files_in_order_and_records_versions(tmp_path):
+    """--code: every *.py file of a package, whole and in path order; the recipe names the package versions."""
+    import importlib.metadata
+
+    root, _, _ = corpus.code_root("json")
+    files = sorted(root.rglob("*.py"))
+    docs = list(corpus.code_documents(["json"]))
+    assert [d.name for d in docs] == [f"code:json/{p.relative_to(root).as_posix()}" for p in files]
+    assert [d.text for d in docs] == [corpus._clean(p.read_text(encoding="utf-8")) for p in files]
+    assert corpus.code_root("numpy")[1] == importlib.metadata.version("numpy")
+    assert corpus.code_root("stdlib")[0] / "json" == root
+    recipe = corpus.build(tmp_path, name="code", code=["json"], vocab_size=400)
+    assert recipe["source"] == "code:json" and recipe["code_versions"] == {"json": None}  # no distribution
+    assert recipe["documents"]["train"] + recipe["documents"]["val"] == len(docs)
+    assert corpus.check(tmp_path / "code.bin") == []
+    with pytest.raises(ValueError, match="'no_such_package' is neither 'stdlib' nor an installed package"):
+        corpus.build(tmp_path, code=["no_such_package"])
