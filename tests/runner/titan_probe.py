@@ -7,6 +7,14 @@ Request: {"tomls": {id: path}, "flavors": [name], "data": {"flavor", "seq_len", 
 TransformerModelArgs as a dict, "num_params": parameters of TorchTitan's llama3 Transformer built on the meta
 device}}, "batch": the first (inputs, labels) of the train spec's dataloader as lists, "torchtitan": version}.
 
+Engine parity ("parity": {"model", "num_layers", "vocab_size", "seq_len", "local_batch_size", "seed",
+"dp_world_size", "dp_rank", "data_path", "steps"}): the job config TorchTitan parses for a token file; the batches
+of steps 0..steps-1 as the Trainer gets them (the registered TrainSpec's build_dataloader_fn, iterated as its
+batch_generator does); the model the Trainer builds (model_args updated from the job config,
+the TrainSpec's model class, init_weights under no_grad, on the CPU in fp32) as {name: sha256 of its fp32 bytes};
+and the mean loss of TorchTitan's loss function (sum over tokens / tokens, as forward_backward_step) on each
+of those batches with those initial weights ("losses").
+
 Everything is TorchTitan's own code (ConfigManager, the registered TrainSpec, Transformer) with one exception:
 where Triton is not installed (CPU builds of torch come without it), the module torchtitan.models.moe.kernels
 is given as a stand-in before TorchTitan is imported. TorchTitan 0.2.2's package __init__ reaches it through
@@ -88,8 +96,50 @@ def main() -> int:
         for _ in range(2):
             inputs, labels = next(batches)
             answer["batches"].append([inputs["input"].tolist(), labels.tolist()])
+    if parity := request.get("parity"):
+        answer["parity"] = _parity(parity)
     json.dump(answer, sys.stdout)
     return 0
+
+
+def _parity(req: dict) -> dict:
+    import hashlib
+
+    import torch
+    from torchtitan.config import ConfigManager
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from runner.titan_config import DATASET_FILE, MODEL_NAME, flavor_name
+
+    flavor = flavor_name(req["model"], req["num_layers"], req["vocab_size"])
+    config = ConfigManager().parse_args(
+        ["--model.name", MODEL_NAME, "--model.flavor", flavor, "--training.dataset", DATASET_FILE,
+         "--training.dataset_path", req["data_path"], "--training.seq_len", str(req["seq_len"]),
+         "--training.local_batch_size", str(req["local_batch_size"]), "--debug.seed", str(req["seed"])]
+    )  # fmt: skip
+    spec = get_train_spec(MODEL_NAME)
+    loader = spec.build_dataloader_fn(
+        dp_world_size=req["dp_world_size"], dp_rank=req["dp_rank"], tokenizer=None, job_config=config
+    )
+    # As Trainer.batch_generator and train_step: iter() once, next() once a step (one micro-batch a step).
+    batches = iter(loader)
+    steps = [next(batches) for _ in range(req["steps"])]
+    args = spec.model_args[flavor]
+    args.update_from_config(config)  # as the Trainer: seq_len, and our train spec's seed
+    model = spec.model_cls(args)
+    with torch.no_grad():
+        model.init_weights()
+    loss_fn = spec.build_loss_fn(config)
+    losses = []
+    with torch.no_grad():
+        for inputs, labels in steps:
+            losses.append((loss_fn(model(inputs["input"]), labels) / labels.numel()).item())
+    return {
+        "batches": [[inputs["input"].tolist(), labels.tolist()] for inputs, labels in steps],
+        "weights": {n: hashlib.sha256(p.detach().float().numpy().tobytes()).hexdigest()
+                    for n, p in model.named_parameters()},
+        "losses": losses,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
