@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 def assert_learns(result, floor: float = 0.8):
-    """Loss falls: the last step's loss is below floor * the first step's (ln 2048 = 7.6 at the start)."""
+    """Loss falls: the last step's loss is below floor * the first step's (about ln 2048 + 0.5 = 8.1 at the start:
+    runner.model's init, TorchTitan's llama3 distribution, gives unit-variance logits)."""
     curve = losses(result)
     assert curve[-1] < floor * curve[0], curve
 
@@ -72,7 +73,7 @@ def test_tp_2_fsdp_2_fp8_tensorwise_fp8_all_gather(tmp_path):
     assert result.summary.num_float8_linears == 14  # 7 per block x 2; the output layer stays bf16
     assert result.environment.fp8_dtypes == ["float8_e4m3fn", "float8_e5m2"]
     assert "fp8_all_gather=True" in err  # the tensorwise all-gather path really ran
-    assert_learns(result, floor=0.9)
+    assert_learns(result, floor=0.92)
 
 
 def test_hsdp_2x2_fp8_rowwise(tmp_path):
@@ -81,14 +82,14 @@ def test_hsdp_2x2_fp8_rowwise(tmp_path):
     assert rc == 0, dump(result, err)
     assert "hsdp over mesh {'dp_replicate': 2, 'dp_shard': 2}" in err
     assert result.environment.fp8_dtypes == ["float8_e4m3fn"]
-    assert_learns(result, floor=0.9)
+    assert_learns(result, floor=0.92)
 
 
 def test_ddp_2_ranks_fp8_rowwise_gw_hp(tmp_path):
     rc, result, err = launch(make_spec("fp8-rowwise-gw-hp", "ddp", 2, local_batch_size=2, steps=8), tmp_path, nproc=2)
     assert rc == 0, dump(result, err)
     assert "ddp over mesh {'dp_replicate': 2}" in err
-    assert_learns(result, floor=0.9)
+    assert_learns(result, floor=0.92)
 
 
 # On CPU the MX recipes all run torchao's emulated kernels: mxfp8-cublas computes exactly what mxfp8-emulated
