@@ -9,11 +9,23 @@ result.json, a failing peer leaves its error for rank 0, failures are results (r
 3. the job config: runner.titan_config's TOML for the RunSpec, written beside result.json as titan.toml (what
    TorchTitan read), parsed by TorchTitan's own ConfigManager;
 4. TorchTitan's Trainer trains, unchanged: its model (our shape, runner.titan_spec), parallelisms, float8
-   converter, compile, AdamW, LR schedule and loss, on runner.data's batches;
+   converter, compile, AdamW, LR schedule and loss, on runner.data's batches, from our runner's initial weights;
 5. measured as our runner measures: a CUDA event after every optimizer step (a global optimizer-step hook; the
    device is synchronized once, when the times are read), the loss and grad norm of every step kept on the
    device, the peak memory over the training steps; TorchTitan's own tps/MFU log is not used. The RunResult
    comes from core.analysis.summary as for our runner, with environment.engine "torchtitan" and its version.
+
+Engine parity: on the same RunSpec both engines train on the same batch at every step (runner.data, addressed by
+seed, step and global sequence index, served through TorchTitan's dataloader), start from the same weights
+(runner.model.init_parameters: TorchTitan's llama3 distribution, drawn per parameter name from the seed, in
+both), and use the same AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every parameter), grad-norm clip
+1.0, LR warm-up and decay (runner.titan_config.lr_scheduler) and mean token cross-entropy in fp32
+(tests/runner/test_engine_parity.py: batches, weights and first losses). What differs is arithmetic, not the
+recipe: without FSDP (one device, DDP) our residual stream is bf16 under autocast (torchao's gw-hp recipe needs
+one dtype), TorchTitan's stays fp32; our RMSNorm computes in fp32, TorchTitan's is torch.nn.RMSNorm; our fused
+AdamW applies the clip factor inside its kernel, TorchTitan clips then steps; the compiled graphs differ. So bf16
+losses agree closely for the first ~100 steps and then drift apart as rounding differences grow, the per-step
+losses still co-varying (bench/results/2026-12-04-time-to-loss-h200.md).
 """
 
 from __future__ import annotations
