@@ -203,8 +203,13 @@ def _train_tokenizer(train: list[Document], vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=MIN_FREQUENCY, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=MIN_FREQUENCY,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator((d.text for d in train), trainer=trainer, length=len(train))
     return tok
 
@@ -218,8 +223,15 @@ def _encode(tok, docs: list[Document], dtype: np.dtype) -> np.ndarray:
     return np.asarray(ids, dtype=dtype)
 
 
-def build(out_dir: Path, *, name: str = DEFAULT_NAME, text_dir: Path | None = None,
-          vocab_size: int = DEFAULT_VOCAB_SIZE, stdlib_dir: Path | None = None, code: list[str] | None = None) -> dict:
+def build(
+    out_dir: Path,
+    *,
+    name: str = DEFAULT_NAME,
+    text_dir: Path | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    stdlib_dir: Path | None = None,
+    code: list[str] | None = None,
+) -> dict:
     """Build the corpus into out_dir; returns the recipe (also written to <name>.json). One source: text_dir,
     code (names for --code), or the stdlib docs."""
     if vocab_size < 300:
@@ -240,13 +252,17 @@ def build(out_dir: Path, *, name: str = DEFAULT_NAME, text_dir: Path | None = No
     train = [d for d in docs if not is_val(d.name)]
     val = [d for d in docs if is_val(d.name)]
     if not train or not val:
-        raise ValueError(f"{len(docs)} documents split into {len(train)} train and {len(val)} held-out: need both "
-                         "(more documents)")
+        raise ValueError(
+            f"{len(docs)} documents split into {len(train)} train and {len(val)} held-out: need both (more documents)"
+        )
     tok = _train_tokenizer(train, vocab_size)
     dtype = token_dtype(tok.get_vocab_size())
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"train": out_dir / f"{name}.bin", "val": out_dir / f"{name}.val",
-             "tokenizer": out_dir / f"{name}.tokenizer.json"}
+    paths = {
+        "train": out_dir / f"{name}.bin",
+        "val": out_dir / f"{name}.val",
+        "tokenizer": out_dir / f"{name}.tokenizer.json",
+    }
     train_ids, val_ids = _encode(tok, train, dtype), _encode(tok, val, dtype)
     train_ids.tofile(paths["train"])
     val_ids.tofile(paths["val"])
@@ -254,15 +270,27 @@ def build(out_dir: Path, *, name: str = DEFAULT_NAME, text_dir: Path | None = No
     import tokenizers
 
     recipe = {
-        "recipe_version": RECIPE_VERSION, "name": name, "source": source,
+        "recipe_version": RECIPE_VERSION,
+        "name": name,
+        "source": source,
         "python_version": sys.version.split()[0] if not text_dir else None,
         **({"code_versions": code_versions} if code else {}),
-        "documents": {"train": len(train), "val": len(val)}, "text_sha256": _text_sha256(docs),
-        "text_chars": sum(len(d.text) for d in docs), "val_per_mille": VAL_PER_MILLE,
-        "tokenizer": {"library": "tokenizers", "version": tokenizers.__version__, "model": "BPE",
-                      "pre_tokenizer": "ByteLevel(add_prefix_space=False)", "vocab_size": tok.get_vocab_size(),
-                      "min_frequency": MIN_FREQUENCY, "special_tokens": [EOT], "eot_id": tok.token_to_id(EOT)},
-        "dtype": dtype.name, "tokens": {"train": int(train_ids.size), "val": int(val_ids.size)},
+        "documents": {"train": len(train), "val": len(val)},
+        "text_sha256": _text_sha256(docs),
+        "text_chars": sum(len(d.text) for d in docs),
+        "val_per_mille": VAL_PER_MILLE,
+        "tokenizer": {
+            "library": "tokenizers",
+            "version": tokenizers.__version__,
+            "model": "BPE",
+            "pre_tokenizer": "ByteLevel(add_prefix_space=False)",
+            "vocab_size": tok.get_vocab_size(),
+            "min_frequency": MIN_FREQUENCY,
+            "special_tokens": [EOT],
+            "eot_id": tok.token_to_id(EOT),
+        },
+        "dtype": dtype.name,
+        "tokens": {"train": int(train_ids.size), "val": int(val_ids.size)},
         "sha256": {k: sha256_file(p) for k, p in paths.items()},
         "files": {k: p.name for k, p in paths.items()},
     }
@@ -309,9 +337,11 @@ def describe(data_path: str | Path) -> str:
     if path.stat().st_size != expected_bytes:
         digest = sha256_file(path)
     tok = recipe.get("tokenizer", {})
-    return (f"{path.name} sha256:{digest}; recipe {recipe.get('name')} v{recipe.get('recipe_version')} "
-            f"source {recipe.get('source')} text sha256:{recipe.get('text_sha256')}; tokenizer "
-            f"{tok.get('model')} vocab {tok.get('vocab_size')} sha256:{recipe['sha256'].get('tokenizer')}")
+    return (
+        f"{path.name} sha256:{digest}; recipe {recipe.get('name')} v{recipe.get('recipe_version')} "
+        f"source {recipe.get('source')} text sha256:{recipe.get('text_sha256')}; tokenizer "
+        f"{tok.get('model')} vocab {tok.get('vocab_size')} sha256:{recipe['sha256'].get('tokenizer')}"
+    )
 
 
 def check(data_path: str | Path) -> list[str]:
@@ -320,8 +350,11 @@ def check(data_path: str | Path) -> list[str]:
     if recipe is None:
         raise FileNotFoundError(f"no recipe beside {data_path} ({recipe_path(data_path)})")
     base = Path(data_path).parent
-    return [k for k, name in recipe["files"].items()
-            if not (base / name).is_file() or sha256_file(base / name) != recipe["sha256"][k]]
+    return [
+        k
+        for k, name in recipe["files"].items()
+        if not (base / name).is_file() or sha256_file(base / name) != recipe["sha256"][k]
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,8 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=Path, required=True, help="output directory")
     b.add_argument("--name", default=DEFAULT_NAME, help=f"file stem (default {DEFAULT_NAME})")
     b.add_argument("--text-dir", type=Path, help="*.txt/*.rst/*.md files to use instead of the stdlib docs")
-    b.add_argument("--code", action="append", metavar="NAME",
-                   help=f"source code instead: {STDLIB!r} or an installed package's name (repeatable, in order)")
+    b.add_argument(
+        "--code",
+        action="append",
+        metavar="NAME",
+        help=f"source code instead: {STDLIB!r} or an installed package's name (repeatable, in order)",
+    )
     b.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
     c = sub.add_parser("check", help="re-hash a built corpus against its recipe")
     c.add_argument("data_path", type=Path)
@@ -340,9 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "build":
         recipe = build(args.out, name=args.name, text_dir=args.text_dir, vocab_size=args.vocab_size, code=args.code)
-        log.info("%s: %d train + %d held-out tokens (%s), vocab %d; sha256 %s", args.out / recipe["files"]["train"],
-                 recipe["tokens"]["train"], recipe["tokens"]["val"], recipe["dtype"],
-                 recipe["tokenizer"]["vocab_size"], json.dumps(recipe["sha256"]))
+        log.info(
+            "%s: %d train + %d held-out tokens (%s), vocab %d; sha256 %s",
+            args.out / recipe["files"]["train"],
+            recipe["tokens"]["train"],
+            recipe["tokens"]["val"],
+            recipe["dtype"],
+            recipe["tokenizer"]["vocab_size"],
+            json.dumps(recipe["sha256"]),
+        )
         return 0
     bad = check(args.data_path)
     log.info("%s: %s", args.data_path, "all checksums match" if not bad else f"checksum differs: {', '.join(bad)}")
