@@ -323,7 +323,9 @@ def test_interval_contains_the_projection_and_widens_with_n():
         q = p[n]
         assert q.efficiency_low <= q.efficiency <= q.efficiency_high
         assert q.tokens_per_sec_low <= q.tokens_per_sec <= q.tokens_per_sec_high
-        assert q.efficiency_high - q.efficiency == pytest.approx(INTERVAL_PP_PER_DOUBLING / 100 * math.log2(n / 8))
+        assert q.efficiency_high - q.efficiency == pytest.approx(
+            INTERVAL_PP_PER_DOUBLING / 100 * math.sqrt(math.log2(n / 8))
+        )
     assert not p[2048].beyond_validated and p[4096].beyond_validated
     assert p[2048].note is None and "beyond the largest validated N (2304)" in p[4096].note
 
