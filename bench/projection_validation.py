@@ -222,22 +222,63 @@ def misses_pp(s: Published, constants: dict[str, float]) -> dict[int, float]:
     return {n: 100 * (proj[n] - pub[n]) for n in s.points if n != s.n0}
 
 
-def loss(series: list[Published], constants: dict[str, float]) -> float:
-    return statistics.fmean(statistics.fmean(abs(m) for m in misses_pp(s, constants).values()) for s in series)
+def series_miss(s: Published, constants: dict[str, float]) -> float:
+    """Mean absolute miss of one series, pp."""
+    return statistics.fmean(abs(m) for m in misses_pp(s, constants).values())
 
 
-def fit(series: list[Published], variant: Variant = Variant()) -> tuple[dict[str, float], float]:
+def loss(series: list[Published], constants: dict[str, float], table: dict | None = None) -> float:
+    """Mean over series of each series' mean absolute miss; from `table` ({(series id, combo): miss}) when given."""
+    if table is not None:
+        key = _combo_key(constants)
+        return statistics.fmean(table[(s.id, key)] for s in series)
+    return statistics.fmean(series_miss(s, constants) for s in series)
+
+
+def _combo_key(constants: dict[str, float]) -> tuple:
+    return tuple(float(constants.get(k, 1.0 if k == "straggler_tail_exponential" else 0.0)) for k in GRID)
+
+
+def variant_combos(variant: Variant) -> list[dict[str, float]]:
+    """Every set of constants a variant's grid search tries."""
     grids = {k: ([0.0] if k in variant.zero else v) for k, v in GRID.items() if not (variant.tied and k == TIED)}
-    best: tuple[float, dict[str, float]] | None = None
+    out = []
     for values in itertools.product(*grids.values()):
         c = dict(zip(grids, values, strict=True))
         if variant.tied:
             c[TIED] = c["intra_node_efficiency"]
-        err = loss(series, c)
+        out.append(c)
+    return out
+
+
+def fit(series: list[Published], variant: Variant = Variant(), table: dict | None = None) -> tuple[dict, float]:
+    best: tuple[float, dict[str, float]] | None = None
+    for c in variant_combos(variant):
+        err = loss(series, c, table)
         if best is None or err < best[0] - 1e-12:
             best = (err, c)
     assert best is not None
     return best[1], best[0]
+
+
+def _misses_of(args: tuple[list[Published], list[dict[str, float]]]) -> list[tuple[tuple, list[float]]]:
+    series, combos = args
+    return [(_combo_key(c), [series_miss(s, c) for s in series]) for c in combos]
+
+
+def miss_table(series: list[Published], variants: dict[str, Variant], workers: int = 1) -> dict:
+    """{(series id, combo): the series' mean absolute miss} for every combo any variant's grid tries: a series'
+    miss does not depend on which sources a fold fits on, so every fold and variant reads this one table (the
+    grid search's result is the same as evaluating each fold's loss afresh)."""
+    combos = {_combo_key(c): c for v in variants.values() for c in variant_combos(v)}
+    todo = list(combos.values())
+    chunks = [todo[i :: max(1, workers * 4)] for i in range(max(1, workers * 4))]
+    if workers > 1:
+        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_misses_of, [(series, ch) for ch in chunks]))
+    else:
+        parts = [_misses_of((series, ch)) for ch in chunks]
+    return {(s.id, key): m for part in parts for key, ms in part for s, m in zip(series, ms, strict=True)}
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -278,13 +319,13 @@ def conformal_quantile(scores: list[float], level: float = INTERVAL_COVERAGE) ->
     return xs[min(math.ceil(level * (len(xs) + 1)), len(xs)) - 1] if xs else 0.0
 
 
-def _fit_without(args: tuple[list[Published], Variant, str | None, str | None]) -> dict[str, float]:
+def _fit_without(args: tuple) -> dict[str, float]:
     """Constants fitted on the series outside the held-out source (of one vendor, when given and it has any)."""
-    series, variant, held_out, vendor = args
+    series, variant, held_out, vendor, table = args
     kept = [s for s in series if s.source != held_out]
     if vendor is not None:
         kept = [s for s in kept if s.vendor == vendor] or kept  # none of the vendor's left: all the others
-    return fit(kept, variant)[0]
+    return fit(kept, variant, table)[0]
 
 
 def constants_for(s: Published, variant: Variant, fitted: dict) -> dict[str, float]:
@@ -303,12 +344,8 @@ def fits_per_fold(series: list[Published], variants: dict[str, Variant], workers
         for src in [*sources, None]
         for vendor in (VENDORS if v.per_vendor else (None,))
     ]
-    args = [(series, variants[name], src, vendor) for name, src, vendor in jobs]
-    if workers > 1:
-        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-            results = list(pool.map(_fit_without, args))
-    else:
-        results = [_fit_without(a) for a in args]
+    table = miss_table(series, variants, workers)
+    results = [_fit_without((series, variants[name], src, vendor, table)) for name, src, vendor in jobs]
     out: dict[str, dict] = {name: {} for name in variants}
     for (name, src, vendor), constants in zip(jobs, results, strict=True):
         if vendor is None:
