@@ -63,6 +63,10 @@ class Workload:
     # Pipeline schedule (layouts with pp=P+): sequences per micro-batch and model chunks per stage (interleaved 1F1B)
     micro_batch_size: int = 1
     virtual_stages: int = 1
+    # Data-parallel communication units: "per-block" (FSDP2: one unit per transformer block, as the runner and
+    # TorchTitan wrap them) or "megatron" (Megatron-Core's buckets of max(40M, 1M x DP x CP) parameters, its
+    # DistributedDataParallelConfig.bucket_size default: larger DP groups get larger buckets, fewer calls).
+    dp_buckets: str = "per-block"
 
     def model_shape(self) -> ModelShape:
         return self.shape if self.shape is not None else _shape(self.model, self.num_layers)
@@ -70,6 +74,16 @@ class Workload:
     def stage_layers(self, n: int) -> int:
         """Transformer blocks one pipeline stage holds (all of them without pp)."""
         return max(1, math.ceil(self.model_shape().num_layers / self.degrees(n).pp))
+
+    def blocks_per_unit(self, n: int) -> int:
+        """Transformer blocks that share one data-parallel collective (1 per block unless buckets span more)."""
+        if self.dp_buckets != "megatron":
+            return 1
+        d, s = self.degrees(n), self.model_shape()
+        kv = s.num_kv_heads * s.head_dim
+        block_params = (2 * s.dim * s.dim + 2 * s.dim * kv + 3 * s.dim * s.ffn_hidden_dim) / d.tp + 2 * s.dim
+        bucket_params = max(40e6, 1e6 * d.dp_degree * d.cp)
+        return max(1, min(self.stage_layers(n), int(bucket_params // block_params)))
 
     def bubble(self, n: int) -> float:
         """Pipelined step over the bubble-free one: 1 + (P - 1) / (virtual stages x micro-batches per pipeline)
@@ -204,6 +218,8 @@ class Collectives:
 def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collectives:
     gpus_per_node = net.nvlink_domain_gpus or gpus_per_node
     d, g, b = w.degrees(n), groups(w, n, gpus_per_node), unit_bytes(w, n)
+    k = w.blocks_per_unit(n)  # a bucket of k blocks travels as one collective
+    b = dataclasses.replace(b, block_gather=k * b.block_gather, block_grad=k * b.block_grad)
     ms = 1e-3
     out: dict[str, float | str] = {}
     shard, rep = g["shard"], g["replicate"]
@@ -230,7 +246,7 @@ def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collec
         }
     if d.tp > 1:
         out["tp_per_block"] = _tp_block_ms(w, net, n, g["tp"])
-    if d.cp > 1:
+    if d.cp > 1:  # per block; step_time adds the k blocks of a unit
         s = w.model_shape()
         act_bytes = 4 if w.precision == "fp32" else 2
         # keys and values of the whole sequence, as one TP rank holds them (heads sharded by TP)
@@ -301,7 +317,8 @@ def step_time(
     c = collectives(w, net, n, gpus_per_node)
     straggle = 1 + net.device_speed_cv * straggler_z(net, n)
     work = compute_ms * straggle
-    num_layers = w.stage_layers(n)
+    k = w.blocks_per_unit(n)
+    num_layers = math.ceil(w.stage_layers(n) / k)  # data-parallel units: blocks, or buckets of k blocks
     share = unit_bytes(w, n).root_flops_share
     root_ms = work * share
     fwd_share = 0.25 if w.activation_checkpointing == "full" else FWD_SHARE  # recompute runs in backward
@@ -320,13 +337,13 @@ def step_time(
         bwd = [(1, 0.0, wb), (num_layers - 1, c.ar_block, wb)]
     blocks = [(num_layers - 1, c.ag_block, wf), (1, 0.0, wf)] + bwd
     if c.cp_fwd_block or c.cp_bwd_block:  # CP's key/value exchange runs beside each block's attention
-        blocks = [(k, x + c.cp_fwd_block, y) for k, x, y in blocks[:2]] + [
-            (k, x + c.cp_bwd_block, y) for k, x, y in blocks[2:]
+        blocks = [(m, x + k * c.cp_fwd_block, y) for m, x, y in blocks[:2]] + [
+            (m, x + k * c.cp_bwd_block, y) for m, x, y in blocks[2:]
         ]
     # the first gathers and last reductions, and the pipeline's fill and drain sends (forward and backward)
     p2p_ms = 2 * (w.degrees(n).pp - 1) * c.p2p_ms
     head_tail = c.ag_root + c.ag_block + c.rs_block + c.rs_root + c.ar_block + c.ar_root + p2p_ms
-    tp_ms = c.tp_per_block * num_layers
+    tp_ms = c.tp_per_block * w.stage_layers(n)
     blocks = [b for b in blocks if b[0] > 0]  # 0 x inf would be nan (one- and two-layer models)
     layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]
     exposed = head_tail + tp_ms + sum(k * e for k, _, e, _ in layers)

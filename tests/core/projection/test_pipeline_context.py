@@ -190,3 +190,14 @@ def test_plan_for_1024_gpus_of_an_8b_model_on_mi325x_lists_its_interval():
         assert o.source == "projected"
         assert o.efficiency_low < o.efficiency < o.efficiency_high
         assert o.time_to_train_hours_low < o.time_to_train_hours < o.time_to_train_hours_high
+
+
+def test_megatron_buckets_grow_with_the_data_parallel_group():
+    per_block = workload("ddp")
+    megatron = workload("ddp", dp_buckets="megatron")
+    # max(40M, 1M x DP x CP) parameters a bucket; an 8B block holds ~218M: one block per bucket up to DP 218
+    assert per_block.blocks_per_unit(1024) == 1 and megatron.blocks_per_unit(128) == 1
+    assert megatron.blocks_per_unit(1024) == 4 and megatron.blocks_per_unit(2 * 1024) == 9
+    assert megatron.blocks_per_unit(1 << 16) == 32  # never more than the stage's blocks
+    c1, c4 = collectives(per_block, H100, 1024, 8), collectives(megatron, H100, 1024, 8)
+    assert c4.ar_block > 3 * c1.ar_block  # one call carries four blocks' gradients
