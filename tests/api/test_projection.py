@@ -252,6 +252,7 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
         as_json = CliRunner().invoke(app, [*base, "--tokens", "500B", "--json"])
         bad = CliRunner().invoke(app, [*base, "--tokens", "lots"])
         missing = CliRunner().invoke(app, ["plan", "999999", "--tokens", "1T", "--max-gpus", "8", "--server", url])
+        piped = CliRunner().invoke(app, [*base, "--tokens", "1T", "--layout", "pp=2+fsdp", "--all", "--json"])
     assert table.exit_code == 0, table.output
     assert "fastest within the cap: N=1024 fp8-tensorwise fsdp (projected)" in table.output
     assert "cheapest with E(N) >= 90%: N=8 fp8-tensorwise fsdp (measured)" in table.output
@@ -259,6 +260,9 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["tokens"] == 5e11
     assert bad.exit_code == 1 and "allowed" in bad.output
     assert missing.exit_code == 1 and "experiment 999999 does not exist" in missing.output
+    assert piped.exit_code == 0, piped.output
+    rows = {r["num_devices"]: r for r in json.loads(piped.stdout)["rows"]}
+    assert {o["layout"] for o in rows[1024]["options"]} == {"fsdp", "pp=2+fsdp"}
 
 
 def test_dashboard_loads_the_projection_script(api) -> None:
