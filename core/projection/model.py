@@ -452,9 +452,10 @@ def project_series(
     x0 = w.tokens_per_step(n0) / base.step_ms * 1e3  # the modelled X(N0): the measured one unless calibrated
     baseline_x = measured[n0]
     relaid = layout is not None and layout != w.layout
-    if relaid:
-        model = _Relaid(model, layout)  # type: ignore[assignment]
-        w = model.w
+    timed: _Model | _Relaid = model
+    if layout is not None and relaid:
+        timed = _Relaid(model, layout)
+        w = timed.w
         measured, meas_eff = {}, {}
         notes.append(
             f"projected onto layout {layout} from the measured {series.key.layout} series: the per-token compute "
@@ -464,7 +465,7 @@ def project_series(
     skipped = [n for n in counts if not _fits(w, n)]
     points, xs, not_finite = [], {}, []
     for n in (n for n in counts if n not in skipped):
-        parts = model.parts(n)
+        parts = timed.parts(n)
         if not _finite(parts) or parts.step_ms <= 0:
             not_finite.append(n)
             continue
@@ -505,8 +506,8 @@ def project_series(
         key=series.key.model_copy(update={"layout": layout}) if relaid else series.key,
         baseline_num_devices=n0,
         baseline_tokens_per_sec=baseline_x,
-        compute_source=model.source,
-        compute_ms=model.compute0_ms,
+        compute_source=timed.source,
+        compute_ms=timed.compute0_ms,
         points=points,
         calibration=calibration,
         notes=notes,

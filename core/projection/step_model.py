@@ -351,7 +351,8 @@ def step_time(
     # summed in the order of `exposed` (each layer's time >= its exposed part), so step >= exposed after rounding
     # a pipelined step also waits out the bubble (1 + (P - 1) / (v m)), counted as idle time of the stage
     stage_ms = head_tail + tp_ms + sum(k * t for k, t, _, _ in layers) + root_ms
-    bubble_ms = stage_ms * (w.bubble(n) - 1)
+    bubble = w.bubble(n)
+    bubble_ms = stage_ms * (bubble - 1) if bubble > 1 else 0.0  # never inf x 0
     step = stage_ms + bubble_ms + optimizer_ms + idle_ms
     return StepParts(
         step_ms=step,
