@@ -24,6 +24,7 @@ def fetch_plan(
     gpu_hour_cost: float | None = None,
     min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
     calibrate: bool = False,
+    layouts: list[str] | None = None,
 ) -> dict[str, Any]:
     return client.get(
         f"/experiments/{experiment_id}/plan",
@@ -33,6 +34,7 @@ def fetch_plan(
         gpu_hour_cost=gpu_hour_cost,
         min_efficiency=min_efficiency,
         calibrate=str(calibrate).lower(),
+        layouts=",".join(layouts) if layouts else None,
     )
 
 
@@ -168,6 +170,14 @@ def register(app: typer.Typer) -> None:
             float, typer.Option(help="Efficiency floor of the cheapest plan (a fraction).")
         ] = DEFAULT_MIN_EFFICIENCY,
         calibrate: Annotated[bool, typer.Option(help="Calibrate the projection to measured points.")] = False,
+        layouts: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--layout",
+                help="Also plan this layout (repeatable), projected from the measured series: pp=4+tp=2+fsdp, "
+                "cp=2+fsdp, ...",
+            ),
+        ] = None,
         every_option: Annotated[bool, typer.Option("--all", help="Every precision x layout per N.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="The plan as JSON.")] = False,
         server: ServerOpt = None,
@@ -180,7 +190,7 @@ def register(app: typer.Typer) -> None:
             raise CliError(f"--{exc}") from None
         with ApiClient(server, token, timeout_s=60) as client:
             body = fetch_plan(
-                client, experiment_id, budget, max_gpus, cluster, gpu_hour_cost, min_efficiency, calibrate
+                client, experiment_id, budget, max_gpus, cluster, gpu_hour_cost, min_efficiency, calibrate, layouts
             )
         if as_json:
             typer.echo(json.dumps(body, indent=2))

@@ -22,6 +22,7 @@ from api.schemas.projection import (
     ProjectionRead,
     bad_query,
     parse_gpu_counts,
+    parse_layouts,
     parse_tokens,
     projection_csv,
 )
@@ -128,14 +129,28 @@ def get_projection(
             )
         ),
     ] = False,
+    layouts: Annotated[
+        str | None,
+        Query(
+            max_length=400,
+            description=(
+                "Comma-separated layout templates to project each measured series onto as well, e.g. "
+                "pp=4+tp=2+fsdp,cp=2+fsdp (pipeline and context parallel included; encode + as %2B): the "
+                "measured per-token compute of N0 laid out anew."
+            ),
+        ),
+    ] = None,
     format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
 ) -> Any:
     counts = parse_gpu_counts(gpu_counts)
+    extra_layouts = parse_layouts(layouts)
     headers, unchanged = etag.check(request, session, [experiment_id])
     if unchanged:
         return unchanged
     _, spec, net, report, breakdowns = _load(session, clusters, experiment_id, cluster)
-    projected = project_report(report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate)
+    projected = project_report(
+        report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate, layouts=extra_layouts
+    )
     body = ProjectionRead(experiment_id=experiment_id, **dict(projected))
     if format == "csv":
         headers["Content-Disposition"] = f'inline; filename="experiment-{experiment_id}-projection.csv"'
@@ -163,14 +178,29 @@ def get_plan(
         float, Query(gt=0, le=1, description=("Efficiency E(N) the cheapest plan must keep (a fraction)."))
     ] = DEFAULT_MIN_EFFICIENCY,
     calibrate: Annotated[bool, Query(description="Calibrate the projection first (see /projection).")] = False,
+    layouts: Annotated[
+        str | None,
+        Query(
+            max_length=400,
+            description=(
+                "Comma-separated layout templates to plan with besides the measured ones (each measured series "
+                "projected onto them), e.g. "
+                "pp=4+tp=2+fsdp,cp=2+fsdp (pipeline and context parallel included; encode + as %2B): the "
+                "measured per-token compute of N0 laid out anew."
+            ),
+        ),
+    ] = None,
 ) -> Any:
     budget = parse_tokens(tokens)
+    extra_layouts = parse_layouts(layouts)
     headers, unchanged = etag.check(request, session, [experiment_id])
     if unchanged:
         return unchanged
     _, spec, net, report, breakdowns = _load(session, clusters, experiment_id, cluster)
     counts = plan_counts((p.num_devices for s in report.series for p in s.points if p.tokens_per_sec), max_gpus)
-    projected = project_report(report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate)
+    projected = project_report(
+        report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate, layouts=extra_layouts
+    )
     plan = build_plan(
         report, projected, tokens=budget, max_gpus=max_gpus, min_efficiency=min_efficiency, gpu_hour_cost=gpu_hour_cost
     )

@@ -6,6 +6,7 @@ import csv
 import io
 
 from api.problems import FieldError, ProblemError
+from core.contracts.specs import LAYOUT_FORMS, check_layout
 from core.projection.model import NetworkUsed, ProjectedPoint, ProjectionReport
 from core.projection.plan import Plan, parse_token_count
 
@@ -41,6 +42,27 @@ def parse_gpu_counts(raw: str | None) -> list[int]:
     if len(counts) > MAX_GPU_COUNTS:
         raise bad_query("gpu_counts", f"{len(counts)} counts given; at most {MAX_GPU_COUNTS}", allowed)
     return counts
+
+
+MAX_EXTRA_LAYOUTS = 8
+
+
+def parse_layouts(raw: str | None) -> list[str]:
+    """'pp=4+tp=2+fsdp,cp=2+fsdp' -> the normalized templates; a '+' a URL decoded as a space is taken back; 422
+    naming the parameter and the allowed forms otherwise."""
+    if not raw:
+        return []
+    parts = [p.strip().replace(" ", "+") for p in raw.split(",") if p.strip()]
+    allowed = [f"at most {MAX_EXTRA_LAYOUTS} comma-separated layout templates: {LAYOUT_FORMS}"]
+    if len(parts) > MAX_EXTRA_LAYOUTS:
+        raise bad_query("layouts", f"{len(parts)} layouts given; at most {MAX_EXTRA_LAYOUTS}", allowed)
+    out = []
+    for part in parts:
+        try:
+            out.append(check_layout(part))
+        except ValueError as exc:
+            raise bad_query("layouts", str(exc), allowed) from exc
+    return list(dict.fromkeys(out))
 
 
 def parse_tokens(raw: str) -> float:

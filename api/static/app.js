@@ -159,7 +159,9 @@ function scalingPanel(el, series, counts, style, kind) {
   if (kind !== "speedup" && kind !== "engine") { const f = SB.failedDataset(series, failedAt, style); if (f) datasets.push(f); }
   const y = log ? { type: "logarithmic", min: failedAt / 1.3, title: { display: true, text: title }, ticks: { callback: SB.logTick } }
     : { type: "linear", beginAtZero: kind !== "speedup" && kind !== "engine", title: { display: true, text: title } };
-  if (kind === "efficiency") y.suggestedMax = 110;
+  // E(N): the axis zooms to the points and the projection's bands (a 0-110% axis leaves the 1-4 pp that matter
+  // between 8 and 1,024 GPUs a few pixels)
+  if (kind === "efficiency") y.beginAtZero = false;
   SB.drawChart(el, "line", { datasets }, SB.chartOptions(SB.gpuAxis(counts), y, unit));
 }
 
@@ -174,7 +176,9 @@ function renderScaling(report) {
     const a = s.amdahl, u = s.usl;
     const fit = a.fitted ? `Amdahl s=${SB.fmt(a.serial_fraction, 4)} (R²=${SB.fmt(a.r_squared, 3)})` : esc(a.reason);
     const usl = u.fitted ? `USL σ=${SB.fmt(u.sigma, 4)} κ=${SB.fmt(u.kappa, 6)}${u.peak_num_devices ? `, peak N*≈${Math.round(u.peak_num_devices)}${u.peak_extrapolated ? " (extrapolated)" : ""}` : ""}` : "";
-    const pred = u.prediction ? `; predicted E(${u.prediction.num_devices})=${SB.fmt(100 * (u.prediction.efficiency || 0), 1)}%${u.prediction.extrapolated ? " (extrapolation)" : ""}` : "";
+    // The fits describe the measured range; beyond it the projection (drawn dashed, with its interval) is the one
+    // prediction, so an extrapolated fit value is not shown as a second "predicted E(N)".
+    const pred = u.prediction && !u.prediction.extrapolated ? `; USL curve fit at N=${u.prediction.num_devices}: E=${SB.fmt(100 * (u.prediction.efficiency || 0), 1)}%` : "";
     return `<div><b>${esc(style.label(s))}</b> · N0=${s.baseline_num_devices ?? "–"} · ${fit}${usl ? " · " + usl : ""}${pred}${s.notes.length ? ` · <i>${esc(s.notes.join("; "))}</i>` : ""}</div>`;
   }).join("") || "no series yet";
 }

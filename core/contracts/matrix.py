@@ -66,6 +66,11 @@ def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degree
     n = degrees.world_size
     if n > cluster.max_devices:
         return f"N={n} exceeds cluster {cluster.name!r} size ({cluster.max_devices} devices)"
+    if degrees.pp > 1 or degrees.cp > 1:
+        return (
+            f"the runner cannot execute pipeline or context parallelism yet (pp={degrees.pp}, cp={degrees.cp}): "
+            "such a layout is for GET /experiments/{id}/projection and /plan"
+        )
     device_reason = unsupported_reason(precision, cluster.vendor, cluster.device_name)
     if device_reason:
         return device_reason

@@ -72,7 +72,10 @@ ErrorKind = Literal[
 ]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
-LAYOUT_FORMS = "fsdp, ddp, hsdp:shard=S, tp=T, tp=T+fsdp (S, T positive integers)"
+LAYOUT_FORMS = (
+    "fsdp, ddp, hsdp:shard=S, tp=T, tp=T+fsdp, each optionally after pp=P+ and/or cp=C+ "
+    "(pp=4+tp=2+fsdp, cp=2+fsdp, pp=2+cp=2+fsdp; S, T, P, C positive integers)"
+)
 # Engines: the training stack a run measures. scalebench: our runner (python -m runner); torchtitan: upstream
 # TorchTitan's own Trainer (the `torchtitan` extra on the cluster's nodes); command:<name>: a command the
 # operator defined for the cluster in its clusters file ([cluster.engines.<name>]); a request names it, never
@@ -80,7 +83,9 @@ LAYOUT_FORMS = "fsdp, ddp, hsdp:shard=S, tp=T, tp=T+fsdp (S, T positive integers
 DEFAULT_ENGINE = "scalebench"
 ENGINE_FORMS = "scalebench, torchtitan, command:<name> (a command engine of the cluster, GET /clusters)"
 ENGINE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-_LAYOUT_RE = re.compile(r"^(?:(fsdp)|(ddp)|hsdp:shard=([1-9]\d*)|tp=([1-9]\d*)(\+fsdp)?)$")
+_LAYOUT_RE = re.compile(
+    r"^(?:pp=([1-9]\d*)\+)?(?:cp=([1-9]\d*)\+)?(?:(fsdp)|(ddp)|hsdp:shard=([1-9]\d*)|tp=([1-9]\d*)(\+fsdp)?)$"
+)
 
 
 # ------------------------------------------------------------------------------------------- storable text
@@ -190,13 +195,17 @@ class ParallelDegrees(Strict):
     dp_shard: int = Field(ge=1)
     tp: int = Field(ge=1)
     world_size: int = Field(ge=1)
+    # Pipeline stages and context-parallel ranks (the layout's pp=P+ and cp=C+); the data-parallel and TP degrees
+    # are those of one stage's CP rank, so world = pp * cp * dp_replicate * dp_shard * tp.
+    pp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _product_is_world_size(self) -> ParallelDegrees:
-        if self.dp_replicate * self.dp_shard * self.tp != self.world_size:
+        if self.pp * self.cp * self.dp_replicate * self.dp_shard * self.tp != self.world_size:
             raise ValueError(
-                f"dp_replicate({self.dp_replicate}) * dp_shard({self.dp_shard}) * tp({self.tp}) "
-                f"!= world size({self.world_size})"
+                f"pp({self.pp}) * cp({self.cp}) * dp_replicate({self.dp_replicate}) * dp_shard({self.dp_shard}) "
+                f"* tp({self.tp}) != world size({self.world_size})"
             )
         if self.dp_mode == "ddp" and self.dp_shard != 1:
             raise ValueError(f"dp_mode ddp needs dp_shard(1), got dp_shard({self.dp_shard})")
@@ -217,28 +226,35 @@ def check_layout(template: str) -> str:
 
 
 def resolve_layout(template: str, num_devices: int) -> ParallelDegrees:
-    """Degrees of a layout template at N devices; ValueError with the reason when the point cannot exist."""
+    """Degrees of a layout template at N devices; ValueError with the reason when the point cannot exist.
+
+    `pp=P+` and `cp=C+` take P pipeline stages and C context-parallel ranks out of N first; the rest of the
+    template lays out the N / (P C) devices of one stage's context-parallel rank."""
     m = _LAYOUT_RE.match(check_layout(template))
     assert m is not None
-    fsdp, ddp, shard, tp, tp_fsdp = m.groups()
-    n = num_devices
+    pp_text, cp_text, fsdp, ddp, shard, tp, tp_fsdp = m.groups()
+    pp, cp = int(pp_text or 1), int(cp_text or 1)
+    if num_devices % (pp * cp):
+        raise ValueError(f"pp({pp}) x cp({cp}) = {pp * cp} does not divide {num_devices} devices")
+    n = num_devices // (pp * cp)
+    extra = {"pp": pp, "cp": cp, "world_size": num_devices}
     if fsdp:
-        return ParallelDegrees(dp_mode="fsdp", dp_replicate=1, dp_shard=n, tp=1, world_size=n)
+        return ParallelDegrees(dp_mode="fsdp", dp_replicate=1, dp_shard=n, tp=1, **extra)
     if ddp:
-        return ParallelDegrees(dp_mode="ddp", dp_replicate=n, dp_shard=1, tp=1, world_size=n)
+        return ParallelDegrees(dp_mode="ddp", dp_replicate=n, dp_shard=1, tp=1, **extra)
     if shard:
         s = int(shard)
         if s > n or n % s:
             raise ValueError(f"hsdp shard size {s} does not divide {n} devices")
-        return ParallelDegrees(dp_mode="hsdp", dp_replicate=n // s, dp_shard=s, tp=1, world_size=n)
+        return ParallelDegrees(dp_mode="hsdp", dp_replicate=n // s, dp_shard=s, tp=1, **extra)
     t = int(tp)
     if n % t:
         raise ValueError(f"tp degree {t} does not divide {n} devices")
     if tp_fsdp:
-        return ParallelDegrees(dp_mode="fsdp", dp_replicate=1, dp_shard=n // t, tp=t, world_size=n)
+        return ParallelDegrees(dp_mode="fsdp", dp_replicate=1, dp_shard=n // t, tp=t, **extra)
     if n != t:
         raise ValueError(f"layout tp={t} uses exactly {t} devices, not {n} (use tp={t}+fsdp to scale)")
-    return ParallelDegrees(dp_mode="none", dp_replicate=1, dp_shard=1, tp=t, world_size=n)
+    return ParallelDegrees(dp_mode="none", dp_replicate=1, dp_shard=1, tp=t, **extra)
 
 
 def check_profile_steps(steps: int, warmup_steps: int, profile_steps: int) -> None:

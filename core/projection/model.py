@@ -16,13 +16,14 @@ layout needs, minus what overlap hides, on the cluster's network, core.projectio
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from core.analysis.scaling import ScalingReport, Series, SeriesKey
 from core.contracts.base import Frozen
-from core.contracts.specs import FP8_PRECISIONS
+from core.contracts.specs import FP8_PRECISIONS, check_layout
 from core.projection.constants import (
     INTERVAL_NESTED_COVERAGE,
     INTERVAL_PP_PER_DOUBLING,
@@ -49,8 +50,15 @@ BREAKDOWN_KEYS = (
 )
 
 ASSUMPTIONS = (
-    "collective cost: alpha-beta model of NCCL/RCCL rings (all-gather, reduce-scatter) and the faster of ring "
-    "and tree (all-reduce); latency per call and per ring step from NCCL's tuning model",
+    "collective cost: alpha-beta model of NCCL/RCCL with the algorithm NCCL's tuning model (src/graph/tuning.cc) "
+    "would pick: ring or, with one GPU per node on NVIDIA platforms, PAT (log-depth across nodes) for all-gather "
+    "and reduce-scatter; the faster of ring and tree for all-reduce; latencies from that tuning model",
+    "pipeline parallel (pp=P+): a stage holds ceil(L / P) blocks and the root unit; the step waits out the 1F1B "
+    "bubble 1 + (P - 1) / (virtual stages x micro-batches), one micro-batch of one sequence and one virtual stage "
+    "unless stated, plus the fill and drain sends between stages; context parallel (cp=C+): each block exchanges "
+    "the keys and values of its sequence over the C ranks beside its attention, and gradients sync over DP x CP",
+    "a layout projected from another layout's measured series (layouts=...) keeps the measured per-token compute "
+    "of N0; its E(N) is against that measured X(N0)",
     "a ring crossing nodes uses one channel per NIC (rail-aligned): bus bandwidth = min(intra-node per GPU x "
     "efficiency, NIC per GPU x efficiency x ranks of the group per node)",
     "FSDP/HSDP: per-block units plus a root unit (embedding, output, final norm); forward gathers all, "
@@ -71,7 +79,7 @@ ASSUMPTIONS = (
     f"{VALIDATED_SERIES} published series of {VALIDATED_SOURCES} sources, both vendors; out of sample (each source "
     f"left out) the projected E(N) missed by {VALIDATION_MEAN_MISS_PP} pp on average over series "
     "(bench/projection_validation.py)",
-    f"80% interval: E +- {INTERVAL_PP_PER_DOUBLING} pp per doubling of N / N0 (from the out-of-sample misses, "
+    f"80% interval: E +- {INTERVAL_PP_PER_DOUBLING} pp x sqrt(log2(N / N0)) (from the out-of-sample misses, "
     f"calibrated per source; {INTERVAL_NESTED_COVERAGE:.0%} of the published points fell inside it when each "
     f"source was left out; checked up to N = {VALIDATED_MAX_DEVICES})",
 )
@@ -207,6 +215,32 @@ class _Model:
         return self.w.tokens_per_step(n) / self.parts(n).step_ms * 1e3
 
 
+class _Relaid:
+    """A measured series' model laid out anew: the per-token compute found at N0 under the measured layout, spent
+    under `layout` (another tp, pp, cp or data-parallel form) at every N."""
+
+    def __init__(self, base: _Model, layout: str):
+        self.base, self.net, self.gpn, self.n0 = base, base.net, base.gpn, base.n0
+        self.w = dataclasses.replace(base.w, layout=layout)
+        self.source = f"{base.source}, laid out as {layout}"
+        self.compute0_ms = base.compute0_ms
+        self.idle_ms, self.optimizer0_ms = base.idle_ms, base.optimizer0_ms
+        self._per_token_ms = base.compute0_ms / (base.w.tokens_per_step(base.n0) / base.n0)
+        self._params0 = _params_per_device(base.w, base.n0)
+
+    def parts(self, n: int, compute0_ms: float | None = None, **fixed: float) -> StepParts:
+        compute_ms = self._per_token_ms * self.w.tokens_per_step(n) / n
+        opt = self.optimizer0_ms * _params_per_device(self.w, n) / self._params0
+        return step_time(self.w, self.net, n, self.gpn, compute_ms, optimizer_ms=opt, idle_ms=self.idle_ms)
+
+
+def _params_per_device(w: Workload, n: int) -> float:
+    """Share of the model's parameters (and optimizer state) one device holds."""
+    d = w.degrees(n)
+    shard = d.dp_shard * d.cp if d.dp_mode in ("fsdp", "hsdp") else 1
+    return 1.0 / (d.tp * d.pp * shard)
+
+
 def projected_efficiency(
     w: Workload, net: Network, gpus_per_node: int, n0: int, tokens_per_sec_n0: float, counts: Sequence[int]
 ) -> dict[int, float]:
@@ -228,8 +262,8 @@ def projected_efficiency(
 
 
 def interval_half_width(n: int, n0: int) -> float:
-    """Half-width of the 80% interval of E(N) (a fraction): it grows with the doublings from N0."""
-    return INTERVAL_PP_PER_DOUBLING / 100 * abs(math.log2(n / n0))
+    """Half-width of the 80% interval of E(N) (a fraction): it grows as the square root of the doublings from N0."""
+    return INTERVAL_PP_PER_DOUBLING / 100 * math.sqrt(abs(math.log2(n / n0)))
 
 
 def _point_note(w: Workload, n: int, n0: int, eff: float, optimizer_ms: float, optimizer0_ms: float) -> str | None:
@@ -355,13 +389,18 @@ def project_series(
     breakdown: Mapping[str, float] | None = None,
     calibrate: bool = False,
     max_devices: int | None = None,
+    layout: str | None = None,
 ) -> tuple[ProjectedSeries, dict[int, float]]:
     """One series projected at gpu_counts; also {N: projected X} for the fp8 speedups.
 
     Total: a stored value the model cannot work with (a step time at N0 beyond the float range, a strong-scaling
     series without a global batch) refuses the series with the reason in its notes, and a point whose modelled
     step is not a finite number is left out with a note; nothing raises. E(N) is a ratio of step times and tokens
-    per step (normalised by N0), so it does not depend on the size of X(N0)."""
+    per step (normalised by N0), so it does not depend on the size of X(N0).
+
+    With `layout` (another layout template than the series'), the series' per-token compute at N0 is spent under
+    that layout at every N: a projected series of that layout (pp / cp layouts included), E against the measured
+    X(N0)."""
     measured = {
         p.num_devices: p.tokens_per_sec
         for p in series.points
@@ -410,17 +449,29 @@ def project_series(
     if calibrate:
         calibration, model = _calibrate(model, measured)
         base = model.parts(n0)
+    x0 = w.tokens_per_step(n0) / base.step_ms * 1e3  # the modelled X(N0): the measured one unless calibrated
+    baseline_x = measured[n0]
+    relaid = layout is not None and layout != w.layout
+    timed: _Model | _Relaid = model
+    if layout is not None and relaid:
+        timed = _Relaid(model, layout)
+        w = timed.w
+        measured, meas_eff = {}, {}
+        notes.append(
+            f"projected onto layout {layout} from the measured {series.key.layout} series: the per-token compute "
+            f"of N0={n0}, E against its measured X(N0)"
+        )
     counts = sorted(set(gpu_counts) | set(measured))
     skipped = [n for n in counts if not _fits(w, n)]
     points, xs, not_finite = [], {}, []
     for n in (n for n in counts if n not in skipped):
-        parts = model.parts(n)
+        parts = timed.parts(n)
         if not _finite(parts) or parts.step_ms <= 0:
             not_finite.append(n)
             continue
         # E as a ratio of per-device tokens per ms: independent of the size of X(N0)
-        eff = (w.tokens_per_step(n) / w.tokens_per_step(n0)) * (base.step_ms / parts.step_ms) * (n0 / n)
         x = w.tokens_per_step(n) / parts.step_ms * 1e3
+        eff = (x / n) / (x0 / n0)
         xs[n] = x
         m, me = measured.get(n), meas_eff.get(n)
         half = interval_half_width(n, n0)
@@ -452,11 +503,11 @@ def project_series(
     if not_finite:
         notes.append(f"the modelled step is not a finite number at N={', '.join(map(str, not_finite))}: left out")
     out = ProjectedSeries(
-        key=series.key,
+        key=series.key.model_copy(update={"layout": layout}) if relaid else series.key,
         baseline_num_devices=n0,
-        baseline_tokens_per_sec=measured[n0],
-        compute_source=model.source,
-        compute_ms=model.compute0_ms,
+        baseline_tokens_per_sec=baseline_x,
+        compute_source=timed.source,
+        compute_ms=timed.compute0_ms,
         points=points,
         calibration=calibration,
         notes=notes,
@@ -472,8 +523,13 @@ def project_report(
     *,
     breakdowns: Mapping[tuple[str, str, int], Mapping[str, float]] | None = None,
     calibrate: bool = False,
+    layouts: Sequence[str] = (),
 ) -> ProjectionReport:
-    """Every series of a scaling report projected; breakdowns keyed by (precision, layout, N)."""
+    """Every series of a scaling report projected; breakdowns keyed by (precision, layout, N). `layouts` adds, for
+    every measured series, its projection onto each of those layout templates (pp / cp ones included) that the
+    experiment did not measure."""
+    extra = list(dict.fromkeys(check_layout(t) for t in layouts))
+    measured_keys = {s.key for s in report.series}
     out, xs = [], {}
     for s in report.series:
         n0 = min((p.num_devices for p in s.points if p.tokens_per_sec), default=None)
@@ -490,6 +546,23 @@ def project_report(
         )
         out.append(ps)
         xs[s.key] = x
+        for layout in extra:
+            key = s.key.model_copy(update={"layout": layout})
+            if key in measured_keys or any(o.key == key for o in out):
+                continue
+            ps, x = project_series(
+                s,
+                spec,
+                net.network,
+                net.gpus_per_node,
+                gpu_counts,
+                breakdown=bd,
+                calibrate=calibrate,
+                max_devices=net.max_devices,
+                layout=layout,
+            )
+            out.append(ps)
+            xs[key] = x
     out = [_with_speedups(ps, xs) for ps in out]
     return ProjectionReport(network=net, gpu_counts=sorted(set(gpu_counts)), assumptions=list(ASSUMPTIONS), series=out)
 

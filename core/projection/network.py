@@ -44,6 +44,7 @@ COMPUTE_UNITS = {
     "mi300x-platform": 304,
     "mi325x-platform": 304,
     "mi355x-platform": 256,
+    "gb200-nvl72": 148,
 }
 # Node platforms: per-GPU intra-node bandwidth per direction (GB/s), from the vendors' datasheets, and the share of
 # compute units a running collective takes (COLLECTIVE_UNITS of the device's SMs or CUs).
@@ -61,13 +62,27 @@ INTRA_NODE_GB_PER_S: dict[str, float] = {
     "mi325x-platform": 448.0,
     # AMD Instinct MI355X platform: 7 Infinity Fabric links of 153.6 GB/s bidirectional (1075 GB/s aggregate).
     "mi355x-platform": 537.6,
+    # NVIDIA GB200 NVL72: 72 Blackwell GPUs in one NVLink domain (NVLink 5 switch trays), 1.8 TB/s bidirectional
+    # per GPU, 130 TB/s for the rack (NVIDIA GB200 NVL72 product page and datasheet).
+    "gb200-nvl72": 900.0,
 }
+# GPUs that share one NVLink / Infinity Fabric domain, where it is larger than the node a cluster declares (a rack).
+NVLINK_DOMAIN_GPUS: dict[str, int] = {"gb200-nvl72": 72}
+# NCCL's PAT algorithm (all-gather / reduce-scatter, NCCL 2.23+, one GPU per node) is assumed on NVIDIA platforms
+# only: it is NCCL's, and its availability in RCCL on AMD platforms was not verified here.
+PAT_PLATFORMS = frozenset({"h100-hgx", "h200-hgx", "b200-hgx", "gb200-nvl72"})
 PLATFORMS: dict[str, dict[str, Any]] = {
-    name: {"intra_node_gb_per_s": gb_per_s, "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS[name]}
+    name: {
+        "intra_node_gb_per_s": gb_per_s,
+        "collective_sm_fraction": COLLECTIVE_UNITS / COMPUTE_UNITS[name],
+        "nvlink_domain_gpus": NVLINK_DOMAIN_GPUS.get(name),
+        "pat": name in PAT_PLATFORMS,
+    }
     for name, gb_per_s in INTRA_NODE_GB_PER_S.items()
 }
 # Device name substring (lower case) -> platform, for clusters that describe no network.
 PLATFORM_OF_DEVICE = (
+    ("gb200", "gb200-nvl72"),
     ("h200", "h200-hgx"),
     ("h100", "h100-hgx"),
     ("b200", "b200-hgx"),
@@ -81,12 +96,20 @@ NICS: dict[str, dict[str, Any]] = {
     "ib-400g": {"nic_gbit_per_s": 400.0, "nics_per_gpu": 1.0},
     "roce-400g": {"nic_gbit_per_s": 400.0, "nics_per_gpu": 1.0},
     "ib-800g": {"nic_gbit_per_s": 800.0, "nics_per_gpu": 1.0},
+    # AMD Pensando Pollara 400 AI NIC: 400 Gb/s Ethernet (RoCEv2, UEC-ready), one per GPU on MI300X-class platforms.
+    "pollara-400g": {"nic_gbit_per_s": 400.0, "nics_per_gpu": 1.0},
 }
 
 # NCCL src/graph/tuning.cc, Ring / Simple protocol: baseLat 8.4 us; hwLat NVLink 3.4 us, NET 14.0 us per step.
 NCCL_BASE_LATENCY_US = 8.4
 NCCL_RING_NVLINK_STEP_US = 3.4
 NCCL_RING_NET_STEP_US = 14.0
+# PAT (src/graph/tuning.cc, NCCL 2.29): base 8.0 us, then log2(nodes) x (net latency / 3.5) plus 2.8 us per rank,
+# and 0.75 of the ring's bus bandwidth; enabled only with one GPU per node (nNodes == nRanks).
+NCCL_PAT_BASE_LATENCY_US = 8.0
+NCCL_PAT_PER_RANK_US = 2.8
+NCCL_PAT_LOG_DIVISOR = 3.5
+NCCL_PAT_BANDWIDTH_SHARE = 0.75
 
 
 class Network(Strict):
@@ -119,6 +142,16 @@ class Network(Strict):
         lt=0.5,
         description="Spread (std / mean) of device speed across same-SKU devices; a step waits for the slowest of "
         "the N devices.",
+    )
+    nvlink_domain_gpus: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs that share the intra-node fabric when the domain is larger than a node (72 on GB200 "
+        "NVL72); None: the cluster's gpus_per_node.",
+    )
+    pat: bool = Field(
+        False,
+        description="NCCL's PAT all-gather / reduce-scatter is available (NVIDIA platforms; one GPU per node).",
     )
     straggler_tail: Literal["exponential", "normal"] = Field(
         STRAGGLER_TAIL,
@@ -180,6 +213,7 @@ class Cost:
     latency_us: float
     bus_gb_per_s: float  # bus bandwidth used (0 for a group of one)
     bound: str  # "none" | "intra-node" | "inter-node"
+    algorithm: str = "none"  # "ring" | "pat" | "tree": the one NCCL's tuning model would pick (the fastest)
 
 
 NO_COST = Cost(0.0, 0.0, 0.0, 0.0, "none")
@@ -202,17 +236,33 @@ def _ring_latency_us(net: Network, group: Group, steps_per_pass: int) -> float:
     return net.call_latency_us + intra_steps * net.intra_node_latency_us + inter_steps * net.inter_node_latency_us
 
 
+def pat_latency_us(net: Network, group: Group) -> float:
+    """NCCL's PAT all-gather / reduce-scatter latency: log-depth across nodes, plus a small linear part per rank."""
+    return (
+        NCCL_PAT_BASE_LATENCY_US
+        + math.log2(group.num_nodes) * net.inter_node_latency_us / NCCL_PAT_LOG_DIVISOR
+        + group.size * NCCL_PAT_PER_RANK_US
+    )
+
+
 def all_gather(net: Network, group: Group, num_bytes: float) -> Cost:
-    """Ring all-gather (or reduce-scatter) whose gathered (unsharded) size is num_bytes."""
+    """All-gather (or reduce-scatter) whose gathered (unsharded) size is num_bytes: a ring, or PAT where NCCL
+    offers it (one rank per node, `net.pat`) and its tuning model predicts it faster."""
     if group.size <= 1 or num_bytes <= 0:
         return NO_COST
     bw, bound = bus_bandwidth(net, group)
     bandwidth_us = num_bytes * (group.size - 1) / group.size / (bw * 1e3)  # GB/s = 1e3 bytes/us
     latency_us = _ring_latency_us(net, group, 1)
-    return Cost(bandwidth_us + latency_us, bandwidth_us, latency_us, bw, bound)
+    ring = Cost(bandwidth_us + latency_us, bandwidth_us, latency_us, bw, bound, "ring")
+    if net.pat and group.ranks_per_node == 1 and group.num_nodes > 1:
+        pat_bw_us = bandwidth_us / NCCL_PAT_BANDWIDTH_SHARE
+        pat_lat_us = pat_latency_us(net, group)
+        if pat_bw_us + pat_lat_us < ring.time_us:
+            return Cost(pat_bw_us + pat_lat_us, pat_bw_us, pat_lat_us, bw * NCCL_PAT_BANDWIDTH_SHARE, bound, "pat")
+    return ring
 
 
-reduce_scatter = all_gather  # the same ring, the same bytes on every link
+reduce_scatter = all_gather  # the same algorithms, the same bytes on every link
 
 
 def all_reduce(net: Network, group: Group, num_bytes: float) -> Cost:
@@ -227,4 +277,19 @@ def all_reduce(net: Network, group: Group, num_bytes: float) -> Cost:
         tree_hops * net.inter_node_latency_us + (group.ranks_per_node - 1) * net.intra_node_latency_us
     )
     latency_us = min(ring_us, tree_us)
-    return Cost(bandwidth_us + latency_us, bandwidth_us, latency_us, bw, bound)
+    algorithm = "ring" if ring_us <= tree_us else "tree"
+    return Cost(bandwidth_us + latency_us, bandwidth_us, latency_us, bw, bound, algorithm)
+
+
+def point_to_point(net: Network, same_node: bool, num_bytes: float) -> Cost:
+    """One send / receive of num_bytes between two ranks (pipeline stage boundaries)."""
+    if num_bytes <= 0:
+        return NO_COST
+    bw = (
+        net.intra_node_gb_per_s * net.intra_node_efficiency
+        if same_node
+        else net.inter_node_gb_per_s * net.inter_node_efficiency
+    )
+    lat = net.call_latency_us + (net.intra_node_latency_us if same_node else net.inter_node_latency_us)
+    bandwidth_us = num_bytes / (bw * 1e3)
+    return Cost(bandwidth_us + lat, bandwidth_us, lat, bw, "intra-node" if same_node else "inter-node", "p2p")

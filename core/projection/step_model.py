@@ -26,6 +26,7 @@ Pure (no torch). The model of a step, per layout (the runner's plan: runner/para
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from functools import lru_cache
 
 from core.catalog.shapes import ModelShape, get_shape
 from core.contracts.specs import ParallelDegrees, resolve_layout
-from core.projection.network import Cost, Group, Network, all_gather, all_reduce, reduce_scatter
+from core.projection.network import Cost, Group, Network, all_gather, all_reduce, point_to_point, reduce_scatter
 
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (the runner's and torchtitan's default MixedPrecisionPolicy)
 FWD_SHARE = 1 / 3  # forward / (forward + backward) FLOPs of a matmul layer (backward computes 2 matmuls per 1)
@@ -59,9 +60,39 @@ class Workload:
     fp8_all_gather: bool = False
     activation_checkpointing: str = "none"
     shape: ModelShape | None = None  # a shape outside core.catalog.shapes' table (published results of other models)
+    # Pipeline schedule (layouts with pp=P+): sequences per micro-batch and model chunks per stage (interleaved 1F1B)
+    micro_batch_size: int = 1
+    virtual_stages: int = 1
+    # Data-parallel communication units: "per-block" (FSDP2: one unit per transformer block, as the runner and
+    # TorchTitan wrap them) or "megatron" (Megatron-Core's buckets of max(40M, 1M x DP x CP) parameters, its
+    # DistributedDataParallelConfig.bucket_size default: larger DP groups get larger buckets, fewer calls).
+    dp_buckets: str = "per-block"
 
     def model_shape(self) -> ModelShape:
         return self.shape if self.shape is not None else _shape(self.model, self.num_layers)
+
+    def stage_layers(self, n: int) -> int:
+        """Transformer blocks one pipeline stage holds (all of them without pp)."""
+        return max(1, math.ceil(self.model_shape().num_layers / self.degrees(n).pp))
+
+    def blocks_per_unit(self, n: int) -> int:
+        """Transformer blocks that share one data-parallel collective (1 per block unless buckets span more)."""
+        if self.dp_buckets != "megatron":
+            return 1
+        d, s = self.degrees(n), self.model_shape()
+        kv = s.num_kv_heads * s.head_dim
+        block_params = (2 * s.dim * s.dim + 2 * s.dim * kv + 3 * s.dim * s.ffn_hidden_dim) / d.tp + 2 * s.dim
+        bucket_params = max(40e6, 1e6 * d.dp_degree * d.cp)
+        return max(1, min(self.stage_layers(n), int(bucket_params // block_params)))
+
+    def bubble(self, n: int) -> float:
+        """Pipelined step over the bubble-free one: 1 + (P - 1) / (virtual stages x micro-batches per pipeline)
+        (1F1B and its interleaved form, Narayanan et al., SC21); 1 without pp."""
+        pp = self.degrees(n).pp
+        if pp <= 1 or self.micro_batch_size <= 0:  # 0: the schedule is unknown, no bubble modelled
+            return 1.0
+        micro_batches = max(1.0, self.sequences_per_dp_rank(n) / max(1, self.micro_batch_size))
+        return 1 + (pp - 1) / (max(1, self.virtual_stages) * micro_batches)
 
     def degrees(self, n: int) -> ParallelDegrees:
         return _degrees(self.layout, n)
@@ -99,7 +130,8 @@ class UnitBytes:
 
 @lru_cache(maxsize=4096)
 def unit_bytes(w: Workload, n: int) -> UnitBytes:
-    s = w.model_shape()
+    """A pipeline stage is given the root unit that only the first and last stages hold (the slowest stage)."""
+    s = dataclasses.replace(w.model_shape(), num_layers=w.stage_layers(n))
     d, kv = s.dim, s.num_kv_heads * s.head_dim
     linear = 2 * d * d + 2 * d * kv + 3 * d * s.ffn_hidden_dim  # wq, wo, wk, wv, w1, w2, w3
     norms = 2 * d
@@ -144,15 +176,23 @@ def straggler_z(net: Network, n: int) -> float:
 
 
 def groups(w: Workload, n: int, gpus_per_node: int) -> dict[str, Group]:
-    """Placement of the communicators at N: TP innermost (contiguous ranks), then shard, then replicate."""
+    """Placement of the communicators at N: TP innermost (contiguous ranks), then CP, then shard, then replicate,
+    pipeline stages outermost (Megatron's order). A context-parallel rank holds its own gradients of the same
+    parameters, so the gradient and parameter traffic of FSDP (or DDP) spans the CP ranks too. `gpus_per_node` is
+    the NVLink domain: a rack-scale domain (GB200 NVL72) counts as one node."""
     d = w.degrees(n)
     tp_local = min(d.tp, gpus_per_node)
-    shard_local = max(1, min(d.dp_shard, gpus_per_node // tp_local))
-    rep_local = max(1, min(d.dp_replicate, gpus_per_node // (tp_local * shard_local)))
+    cp_local = max(1, min(d.cp, gpus_per_node // tp_local))
+    sharded = d.dp_mode in ("fsdp", "hsdp")
+    shard_size = d.dp_shard * (d.cp if sharded else 1)
+    rep_size = d.dp_replicate * (1 if sharded else d.cp)
+    shard_local = max(1, min(shard_size, gpus_per_node // tp_local))
+    rep_local = max(1, min(rep_size, gpus_per_node // (tp_local * shard_local)))
     return {
         "tp": Group(d.tp, tp_local),
-        "shard": Group(d.dp_shard, shard_local),
-        "replicate": Group(d.dp_replicate, rep_local),
+        "cp": Group(d.cp, cp_local),
+        "shard": Group(shard_size, shard_local),
+        "replicate": Group(rep_size, rep_local),
     }
 
 
@@ -167,17 +207,23 @@ class Collectives:
     ar_block: float = 0.0  # DDP bucket
     ar_root: float = 0.0
     tp_per_block: float = 0.0  # all TP collectives of one block, forward + backward (+ recompute)
+    cp_fwd_block: float = 0.0  # CP's exchange of keys and values of one block's forward (overlapped with attention)
+    cp_bwd_block: float = 0.0  # and of its backward (keys and values again, and their gradients)
+    p2p_ms: float = 0.0  # one stage-to-stage send of a micro-batch's activation
     dp_bus_gb_per_s: float = 0.0
     dp_bound: str = "none"
 
 
 @lru_cache(maxsize=4096)  # a calibration asks for the same (workload, network, N) many times
 def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collectives:
+    gpus_per_node = net.nvlink_domain_gpus or gpus_per_node
     d, g, b = w.degrees(n), groups(w, n, gpus_per_node), unit_bytes(w, n)
+    k = w.blocks_per_unit(n)  # a bucket of k blocks travels as one collective
+    b = dataclasses.replace(b, block_gather=k * b.block_gather, block_grad=k * b.block_grad)
     ms = 1e-3
     out: dict[str, float | str] = {}
-    if d.dp_mode in ("fsdp", "hsdp") and d.dp_shard > 1:
-        shard, rep = g["shard"], g["replicate"]
+    shard, rep = g["shard"], g["replicate"]
+    if d.dp_mode in ("fsdp", "hsdp") and shard.size > 1:
         ag = all_gather(net, shard, b.block_gather)
         out |= {
             "ag_block": ag.time_us * ms,
@@ -186,12 +232,11 @@ def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collec
             "dp_bound": ag.bound,
         }
         rs_b, rs_r = reduce_scatter(net, shard, b.block_grad), reduce_scatter(net, shard, b.root_grad)
-        ar_b, ar_r = all_reduce(net, rep, b.block_grad / d.dp_shard), all_reduce(net, rep, b.root_grad / d.dp_shard)
+        ar_b, ar_r = all_reduce(net, rep, b.block_grad / shard.size), all_reduce(net, rep, b.root_grad / shard.size)
         out |= {"rs_block": (rs_b.time_us + ar_b.time_us) * ms, "rs_root": (rs_r.time_us + ar_r.time_us) * ms}
         if rep.size > 1 and ar_b.bound == "inter-node":
             out |= {"dp_bound": "inter-node"}
-    elif d.dp_mode in ("ddp", "hsdp") and d.dp_replicate > 1:
-        rep = g["replicate"]
+    elif d.dp_mode in ("ddp", "hsdp", "none") and rep.size > 1:
         ar = all_reduce(net, rep, b.block_grad)
         out |= {
             "ar_block": ar.time_us * ms,
@@ -201,12 +246,26 @@ def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collec
         }
     if d.tp > 1:
         out["tp_per_block"] = _tp_block_ms(w, net, n, g["tp"])
+    if d.cp > 1:  # per block; step_time adds the k blocks of a unit
+        s = w.model_shape()
+        act_bytes = 4 if w.precision == "fp32" else 2
+        # keys and values of the whole sequence, as one TP rank holds them (heads sharded by TP)
+        kv_bytes = w.sequences_per_dp_rank(n) * w.seq_len * 2 * s.num_kv_heads * s.head_dim * act_bytes / d.tp
+        kv = all_gather(net, g["cp"], kv_bytes).time_us * ms
+        passes = 2 if w.activation_checkpointing == "full" else 1  # the recomputed forward exchanges them again
+        out |= {"cp_fwd_block": kv, "cp_bwd_block": (passes - 1) * kv + 2 * kv}
+    if d.pp > 1:
+        s = w.model_shape()
+        act_bytes = 4 if w.precision == "fp32" else 2
+        activation = w.micro_batch_size * w.seq_len / d.cp * s.dim * act_bytes / d.tp  # sequence parallel
+        stage_devices = n // d.pp
+        out["p2p_ms"] = point_to_point(net, stage_devices < gpus_per_node, activation).time_us * ms
     return Collectives(**out)  # type: ignore[arg-type]
 
 
 def _tp_block_ms(w: Workload, net: Network, n: int, tp: Group) -> float:
     s = w.model_shape()
-    activation = w.sequences_per_dp_rank(n) * w.seq_len * s.dim  # elements of one full activation
+    activation = w.sequences_per_dp_rank(n) * w.seq_len / w.degrees(n).cp * s.dim  # one full activation
     gather_bytes = 1 if w.precision == "fp8-tensorwise" else (4 if w.precision == "fp32" else 2)
     act_bytes = 4 if w.precision == "fp32" else 2
     ag: Cost = all_gather(net, tp, activation * gather_bytes)
@@ -258,7 +317,8 @@ def step_time(
     c = collectives(w, net, n, gpus_per_node)
     straggle = 1 + net.device_speed_cv * straggler_z(net, n)
     work = compute_ms * straggle
-    num_layers = w.model_shape().num_layers
+    k = w.blocks_per_unit(n)
+    num_layers = math.ceil(w.stage_layers(n) / k)  # data-parallel units: blocks, or buckets of k blocks
     share = unit_bytes(w, n).root_flops_share
     root_ms = work * share
     fwd_share = 0.25 if w.activation_checkpointing == "full" else FWD_SHARE  # recompute runs in backward
@@ -276,14 +336,24 @@ def step_time(
     else:  # DDP (or none): block i's backward hides block i+1's all-reduce
         bwd = [(1, 0.0, wb), (num_layers - 1, c.ar_block, wb)]
     blocks = [(num_layers - 1, c.ag_block, wf), (1, 0.0, wf)] + bwd
-    head_tail = c.ag_root + c.ag_block + c.rs_block + c.rs_root + c.ar_block + c.ar_root
-    tp_ms = c.tp_per_block * num_layers
+    if c.cp_fwd_block or c.cp_bwd_block:  # CP's key/value exchange runs beside each block's attention
+        blocks = [(m, x + k * c.cp_fwd_block, y) for m, x, y in blocks[:2]] + [
+            (m, x + k * c.cp_bwd_block, y) for m, x, y in blocks[2:]
+        ]
+    # the first gathers and last reductions, and the pipeline's fill and drain sends (forward and backward)
+    p2p_ms = 2 * (w.degrees(n).pp - 1) * c.p2p_ms
+    head_tail = c.ag_root + c.ag_block + c.rs_block + c.rs_root + c.ar_block + c.ar_root + p2p_ms
+    tp_ms = c.tp_per_block * w.stage_layers(n)
     blocks = [b for b in blocks if b[0] > 0]  # 0 x inf would be nan (one- and two-layer models)
     layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]
     exposed = head_tail + tp_ms + sum(k * e for k, _, e, _ in layers)
     total_comm = head_tail + tp_ms + sum(k * x for k, x, _ in blocks)
     # summed in the order of `exposed` (each layer's time >= its exposed part), so step >= exposed after rounding
-    step = head_tail + tp_ms + sum(k * t for k, t, _, _ in layers) + root_ms + optimizer_ms + idle_ms
+    # a pipelined step also waits out the bubble (1 + (P - 1) / (v m)), counted as idle time of the stage
+    stage_ms = head_tail + tp_ms + sum(k * t for k, t, _, _ in layers) + root_ms
+    bubble = w.bubble(n)
+    bubble_ms = stage_ms * (bubble - 1) if bubble > 1 else 0.0  # never inf x 0
+    step = stage_ms + bubble_ms + optimizer_ms + idle_ms
     return StepParts(
         step_ms=step,
         compute_ms=compute_ms,
@@ -294,7 +364,7 @@ def step_time(
         interference_ms=sum(k * i for k, _, _, i in layers),
         tp_communication_ms=tp_ms,
         optimizer_ms=optimizer_ms,
-        idle_ms=idle_ms,
+        idle_ms=idle_ms + bubble_ms,
         dp_bus_gb_per_s=c.dp_bus_gb_per_s,
         dp_bound=c.dp_bound,
     )

@@ -161,3 +161,16 @@ def test_unknown_field_lists_the_fields_of_the_model_it_was_sent_to(client) -> N
     errors = {e["field"]: e for e in client.post("/suites", json=body).json()["errors"]}
     assert "schedule" in errors["shedule"]["allowed"] and "gpu_counts" not in errors["shedule"]["allowed"]
     assert "gpu_counts" in errors["spec.colour"]["allowed"]
+
+
+def test_pipeline_and_context_parallel_points_are_skipped_with_the_reason(client, queued_messages):
+    body = BODY | {"name": "pp-cp", "layouts": ["fsdp", "pp=2+fsdp", "cp=2+fsdp"], "gpu_counts": [2, 4]}
+    r = client.post("/experiments", json=body)
+    assert r.status_code == 201, r.text
+    out = r.json()
+    assert out["num_runs"] == 4  # fsdp at 2 and 4, both precisions: existing layouts still run
+    skipped = {(s["layout"], s["num_devices"]): s["reason"] for s in out["skipped"]}
+    assert set(skipped) == {("pp=2+fsdp", 2), ("pp=2+fsdp", 4), ("cp=2+fsdp", 2), ("cp=2+fsdp", 4)}
+    assert all("cannot execute pipeline or context parallelism yet" in v for v in skipped.values())
+    only = client.post("/experiments", json=body | {"layouts": ["pp=2+fsdp"]})
+    assert only.status_code == 422 and "pp=2" in only.text  # a matrix of such points only: nothing to run

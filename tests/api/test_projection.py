@@ -38,6 +38,17 @@ platform = "h100-hgx"
 nic = "ib-400g"
 
 [[cluster]]
+name = "mi325x-pollara"
+vendor = "amd"
+device_name = "AMD Instinct MI325X"
+gpus_per_node = 8
+max_nodes = 128
+
+[cluster.network]
+platform = "mi325x-platform"
+nic = "pollara-400g"
+
+[[cluster]]
 name = "h100-no-network"
 vendor = "nvidia"
 device_name = "NVIDIA H100 80GB HBM3"
@@ -241,6 +252,7 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
         as_json = CliRunner().invoke(app, [*base, "--tokens", "500B", "--json"])
         bad = CliRunner().invoke(app, [*base, "--tokens", "lots"])
         missing = CliRunner().invoke(app, ["plan", "999999", "--tokens", "1T", "--max-gpus", "8", "--server", url])
+        piped = CliRunner().invoke(app, [*base, "--tokens", "1T", "--layout", "pp=2+fsdp", "--all", "--json"])
     assert table.exit_code == 0, table.output
     assert "fastest within the cap: N=1024 fp8-tensorwise fsdp (projected)" in table.output
     assert "cheapest with E(N) >= 90%: N=8 fp8-tensorwise fsdp (measured)" in table.output
@@ -248,6 +260,9 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["tokens"] == 5e11
     assert bad.exit_code == 1 and "allowed" in bad.output
     assert missing.exit_code == 1 and "experiment 999999 does not exist" in missing.output
+    assert piped.exit_code == 0, piped.output
+    rows = {r["num_devices"]: r for r in json.loads(piped.stdout)["rows"]}
+    assert {o["layout"] for o in rows[1024]["options"]} == {"fsdp", "pp=2+fsdp"}
 
 
 def test_dashboard_loads_the_projection_script(api) -> None:
@@ -255,3 +270,32 @@ def test_dashboard_loads_the_projection_script(api) -> None:
     js = api.get("/static/projection.js")
     assert js.status_code == 200 and "/projection" in js.text and "SBProjection" in js.text
     assert '"_low"' in js.text and '"_high"' in js.text  # the 80% interval drawn as a band
+
+
+def test_projection_and_plan_accept_pipeline_and_context_parallel_layouts(api) -> None:
+    exp = _import(api, "pp cp", [("compile", "bf16")], True)
+    url = f"/experiments/{exp}/projection?gpu_counts=64,1024&layouts=pp%3D2%2Bfsdp,cp=2 fsdp"  # a bare + is a space
+    body = _ok(api.get(url))
+    layouts = [s["key"]["layout"] for s in body["series"]]
+    assert layouts == ["fsdp", "pp=2+fsdp", "cp=2+fsdp"]
+    pp = {p["num_devices"]: p for p in body["series"][1]["points"]}
+    assert pp[1024]["status"] == "projected" and pp[1024]["efficiency_low"] < pp[1024]["efficiency_high"]
+    assert "projected onto layout pp=2+fsdp" in body["series"][1]["notes"][0]
+    bad = api.get(f"/experiments/{exp}/projection?layouts=pp=2")
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "query.layouts"
+    assert "pp=4+tp=2+fsdp" in bad.json()["errors"][0]["allowed"][0]
+    csv = api.get(url + "&format=csv").text
+    assert "pp=2+fsdp" in csv and "cp=2+fsdp" in csv
+
+
+def test_plan_for_1024_gpus_of_an_8b_model_on_mi325x_lists_its_interval(api) -> None:
+    exp = _import(api, "mi325x", [("compile", "bf16")], True, counts=(8,))
+    url = f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&cluster=mi325x-pollara&layouts=pp%3D2%2Bfsdp"
+    plan = _ok(api.get(url))
+    assert plan["network"]["cluster"] == "mi325x-pollara" and plan["network"]["network"]["nic"] == "pollara-400g"
+    row = next(r for r in plan["rows"] if r["num_devices"] == 1024)
+    assert {o["layout"] for o in row["options"]} == {"fsdp", "pp=2+fsdp"}
+    for o in row["options"]:
+        assert o["source"] == "projected"
+        assert o["efficiency_low"] < o["efficiency"] < o["efficiency_high"]
+        assert o["time_to_train_hours_low"] < o["time_to_train_hours"] < o["time_to_train_hours_high"]

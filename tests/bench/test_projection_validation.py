@@ -4,6 +4,7 @@ are the ones the recorded run fitted (bench/results/2026-12-04-projection-valida
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -44,9 +45,13 @@ def test_the_published_set_covers_sources_vendors_layouts_and_scale():
     assert len(series) >= 8 and len({s.source for s in series}) >= 4
     assert {s.vendor for s in series} == {"nvidia", "amd"}
     layouts = {s.workload.layout for s in series}
-    assert {"fsdp", "ddp"} <= layouts and any(lay.startswith("tp=") for lay in layouts)
+    assert {"fsdp", "ddp"} <= layouts and any("tp=" in lay for lay in layouts)
     assert any(lay.startswith("hsdp:") for lay in layouts)
+    # pipelined and context-parallel series are projected as such, not folded into one stage or into DP
+    assert any(lay.startswith("pp=") for lay in layouts) and any("cp=" in lay for lay in layouts)
     assert max(max(s.points) for s in series) > 512
+    assert len({s.source for s in series}) >= 10
+    assert len([s for s in series if max(s.points) > 1000]) >= 3
     for path in sorted((REPO / "bench" / "published").glob("*.json")):
         doc = json.loads(path.read_text())
         assert doc["url"].startswith("https://") and doc["published"]
@@ -81,10 +86,14 @@ def test_published_units_become_tokens_per_gpu_and_a_pipeline_pays_its_bubble():
         ]
     )
     assert mi250.points[4] == pytest.approx(166e12 / mpt7b.flops_per_token(2048))  # TFLOP/s per GPU / FLOPs per token
-    assert lumi.workload.model_shape().num_layers == 9  # one pipeline stage of the 70-layer model
+    assert lumi.workload.layout == "pp=8+tp=8+fsdp" and lumi.workload.model_shape().num_layers == 70
+    assert lumi.workload.stage_layers(128) == 9  # one pipeline stage of the 70-layer model
     # 1F1B: 1 + (PP - 1) / micro-batches; GBS 1024, micro-batch 2, DP = N / 64
     assert lumi.bubble(128) == pytest.approx(1 + 7 / 256) and lumi.bubble(2048) == pytest.approx(1 + 7 / 16)
-    assert mi250.bubble(128) == 1.0 and by_id["dgxc-h100-405b-bf16"].bubble(2304) == 1.0  # no micro-batch given
+    # interleaved: 7 virtual stages, 63 micro-batches of one sequence per DP rank; CP=2 in the layout
+    dgxc = by_id["dgxc-h100-405b-bf16"]
+    assert dgxc.workload.layout == "pp=9+cp=2+tp=8+fsdp" and dgxc.bubble(2304) == pytest.approx(1 + 8 / (7 * 63))
+    assert mi250.bubble(128) == 1.0 and by_id["meta-h100-405b-tp8-pp16-bf16-strong"].bubble(16384) == 1.0  # unknown
     constants = {
         "collective_units": 0.0,
         "device_speed_cv": 0.0,
@@ -99,10 +108,19 @@ def test_the_interval_is_a_conformal_quantile_of_per_source_scores():
         {"source": "b", "miss_pp": -0.4, "doublings": 1.0}
     ]
     scores = pv.source_scores(rows)
-    assert scores == {"a": 4.2 / 2, "b": 0.4}  # |miss| / doublings, 80th percentile within the source
+    assert scores == pytest.approx({"a": 4.2 / math.sqrt(2), "b": 0.4})  # |miss| / sqrt(doublings), 80th pct
     assert pv.conformal_quantile([0.1, 0.2, 0.3, 0.4]) == 0.4  # ceil(0.8 x 5) = 4th of 4
     assert pv.conformal_quantile([0.1 * k for k in range(1, 10)]) == pytest.approx(0.8)  # ceil(0.8 x 10) = 8th of 9
     assert pv.conformal_quantile([]) == 0.0
+
+
+def test_the_miss_table_gives_the_fits_a_fresh_grid_search_gives():
+    series = [s for s in pv.load_published() if s.source in ("trainy", "torchtitan")]
+    variant = pv.Variant(zero=("collective_units", "device_speed_cv"), tied=True)
+    table = pv.miss_table(series, {"v": variant})
+    assert len(table) == len(series) * len(pv.variant_combos(variant))
+    for kept in (series, series[:1]):
+        assert pv.fit(kept, variant, table) == pv.fit(kept, variant)
 
 
 def test_a_tied_variant_fits_one_link_efficiency():
@@ -143,11 +161,11 @@ def test_the_monotone_floor_pairs_series_of_one_table_and_rises_within_a_series(
     assert at64["series"] == [big.id, small.id] and at64["from_num_devices"] == 16
     assert at64["floor_pp"] == pytest.approx(50 * (4800 / 4792 - 44402 / 46037))
     assert at64["params_per_flop_ratio"] > 9 and at64["micro_step_s"][0] < at64["micro_step_s"][1]
-    slower = pv.dataclasses.replace(big, points={n: 0.8 * x for n, x in big.points.items()})  # a longer step: no claim
+    slower = dataclasses.replace(big, points={n: 0.8 * x for n, x in big.points.items()})  # a longer step: no claim
     assert not [r for r in pv.monotone_floor([slower, small]) if r["kind"] == "two series of one table"]
-    other_net = pv.dataclasses.replace(big, network=big.network | {"nic_gbit_per_s": 200.0})  # not one table
+    other_net = dataclasses.replace(big, network=big.network | {"nic_gbit_per_s": 200.0})  # not one table
     assert not [r for r in pv.monotone_floor([other_net, small]) if r["kind"] == "two series of one table"]
-    wobbly = pv.dataclasses.replace(small, points={16: 100.0, 32: 101.0, 64: 99.0, 128: 100.0})
+    wobbly = dataclasses.replace(small, points={16: 100.0, 32: 101.0, 64: 99.0, 128: 100.0})
     rises = {(r["from_num_devices"], r["num_devices"]): r["floor_pp"] for r in pv.monotone_floor([wobbly])}
     assert rises[(16, 32)] == pytest.approx(1.0)  # from N0, where E is 1 by definition: all of the rise
     assert rises[(64, 128)] == pytest.approx(0.5)  # elsewhere half: the model may split the difference

@@ -5,8 +5,8 @@ The published table (torchtitan docs/performance.md, the version of 2024-12; tes
 Llama 3.1 8B, 1D FSDP, H100 (Grand Teton hosts, 8 GPUs and 400 Gbit/s per GPU across nodes), seq 8192,
 local batch 2, activation checkpointing, tokens/s per GPU at 8 -> 128 GPUs: eager 5,762 -> 5,605, compile
 6,667 -> 6,514, compile + Float8 (tensorwise, fp8 all-gather) 8,532 -> 8,380, i.e. E(128) = 97.28 / 97.71 /
-98.22%. The model's constants come from datasheets, NCCL's tuning model and a fit to 24 published series of
-8 sources, of which this table is one (bench/published/, bench/projection_validation.py).
+98.22%. The model's constants come from datasheets, NCCL's tuning model and a fit to 26 published series of
+10 sources, of which this table is one (bench/published/, bench/projection_validation.py).
 """
 
 import math
@@ -15,6 +15,7 @@ import pytest
 
 from core.analysis.scaling import RunPoint, build_report
 from core.contracts.clusters import load_clusters
+from core.projection.constants import VALIDATED_MAX_DEVICES
 from core.projection.model import INTERVAL_PP_PER_DOUBLING, NetworkUsed, project_report
 from core.projection.network import (
     INTER_NODE_EFFICIENCY,
@@ -314,7 +315,7 @@ def test_calibration_leaves_the_network_alone_when_no_point_crosses_nodes():
 
 
 def test_interval_contains_the_projection_and_widens_with_n():
-    counts = [8, 16, 64, 512, 2048, 4096]
+    counts = [8, 16, 64, 512, 2048, 4096, 32768]
     p = pts(projected(runs({8: 6000.0}), counts))
     assert p[8].efficiency_low == p[8].efficiency == p[8].efficiency_high  # N0: no doubling, no width
     widths = [p[n].efficiency_high - p[n].efficiency_low for n in counts]
@@ -323,9 +324,12 @@ def test_interval_contains_the_projection_and_widens_with_n():
         q = p[n]
         assert q.efficiency_low <= q.efficiency <= q.efficiency_high
         assert q.tokens_per_sec_low <= q.tokens_per_sec <= q.tokens_per_sec_high
-        assert q.efficiency_high - q.efficiency == pytest.approx(INTERVAL_PP_PER_DOUBLING / 100 * math.log2(n / 8))
-    assert not p[2048].beyond_validated and p[4096].beyond_validated
-    assert p[2048].note is None and "beyond the largest validated N (2304)" in p[4096].note
+        assert q.efficiency_high - q.efficiency == pytest.approx(
+            INTERVAL_PP_PER_DOUBLING / 100 * math.sqrt(math.log2(n / 8))
+        )
+    assert VALIDATED_MAX_DEVICES == 16384  # Llama 3's 16,384-GPU point is the largest published N
+    assert not p[4096].beyond_validated and p[32768].beyond_validated
+    assert p[4096].note is None and "beyond the largest validated N (16384)" in p[32768].note
 
 
 def test_points_above_100_percent_from_one_device_say_why():

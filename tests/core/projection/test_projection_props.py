@@ -33,7 +33,9 @@ finite_pos = st.floats(
     min_value=5e-324, max_value=1.7976931348623157e308, allow_nan=False, allow_infinity=False, allow_subnormal=True
 )
 counts = st.integers(min_value=1, max_value=MAX_N)
-layouts = st.sampled_from(["fsdp", "ddp", "hsdp:shard=8", "tp=2+fsdp", "tp=8+fsdp", "tp=2"])
+layouts = st.sampled_from(
+    ["fsdp", "ddp", "hsdp:shard=8", "tp=2+fsdp", "tp=8+fsdp", "tp=2", "pp=2+fsdp", "cp=2+tp=2+fsdp", "pp=4+cp=2+ddp"]
+)
 EXTREMES = [5e-324, 2.2e-308, 1e-160, 1.0, 1e155, 1e300, 1e308]
 
 

@@ -1,0 +1,203 @@
+"""Pipeline and context parallel layouts, NCCL's algorithm choice, rack-scale platforms, and layouts projected from
+another layout's measured series. Pure logic, milliseconds each."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.analysis.scaling import RunPoint, build_report
+from core.contracts.specs import check_layout, resolve_layout
+from core.projection.model import NetworkUsed, project_report
+from core.projection.network import Group, Network, all_gather, all_reduce, pat_latency_us, point_to_point
+from core.projection.plan import build_plan, plan_counts
+from core.projection.step_model import Workload, collectives, groups, step_time
+
+H100 = Network(platform="h100-hgx", nic="ib-400g")
+MI325X = Network(platform="mi325x-platform", nic="pollara-400g")
+_ids = iter(range(10**9))
+
+
+def workload(layout: str, **kw) -> Workload:
+    base = dict(model="8b", num_layers=32, precision="bf16", layout=layout, seq_len=8192, local_batch_size=8)
+    return Workload(**(base | kw))
+
+
+def used(net: Network, gpus_per_node: int = 8) -> NetworkUsed:
+    return NetworkUsed(
+        cluster="t",
+        source="test",
+        gpus_per_node=gpus_per_node,
+        max_devices=None,
+        inter_node_gb_per_s=net.inter_node_gb_per_s,
+        network=net,
+    )
+
+
+def runs(points: dict[int, float], layout="fsdp", precision="bf16") -> list[RunPoint]:
+    return [
+        RunPoint(
+            run_id=next(_ids),
+            model="8b",
+            num_layers=32,
+            precision=precision,
+            layout=layout,
+            scaling="weak",
+            cluster="t",
+            num_devices=n,
+            status="succeeded",
+            tokens_per_sec=x * n,
+        )
+        for n, x in points.items()
+    ]
+
+
+SPEC = {"seq_len": 8192, "local_batch_size": 2, "activation_checkpointing": "full"}
+
+
+# ------------------------------------------------------------------------------------------------- grammar
+
+
+def test_layout_grammar_takes_pp_and_cp_before_the_data_parallel_form():
+    d = resolve_layout("pp=4+tp=2+fsdp", 64)
+    assert (d.pp, d.cp, d.tp, d.dp_shard, d.dp_mode, d.world_size) == (4, 1, 2, 8, "fsdp", 64)
+    d = resolve_layout("cp=2+fsdp", 16)
+    assert (d.pp, d.cp, d.dp_shard, d.dp_degree) == (1, 2, 8, 8)
+    d = resolve_layout("pp=2+cp=2+hsdp:shard=2", 16)
+    assert (d.pp, d.cp, d.dp_replicate, d.dp_shard) == (2, 2, 2, 2)
+    assert check_layout(" PP=4+TP=2+FSDP ") == "pp=4+tp=2+fsdp"
+    assert resolve_layout("tp=2+fsdp", 16).pp == 1  # existing layouts unchanged
+    with pytest.raises(ValueError, match=r"pp\(3\) x cp\(1\) = 3 does not divide 8 devices"):
+        resolve_layout("pp=3+fsdp", 8)
+    with pytest.raises(ValueError, match="is not one of"):
+        check_layout("cp=2+pp=2+fsdp")  # pp comes first
+    with pytest.raises(ValueError, match="is not one of"):
+        check_layout("pp=0+fsdp")
+
+
+# ------------------------------------------------------------------------------------ NCCL's algorithm choice
+
+
+def test_pat_replaces_the_ring_at_one_gpu_per_node_with_a_log_depth_latency():
+    one_per_node = Group(1024, 1)
+    pat = all_gather(H100, one_per_node, 64e6)
+    assert pat.algorithm == "pat"
+    ring_steps_us = H100.call_latency_us + 1023 * H100.inter_node_latency_us
+    assert pat.latency_us == pytest.approx(pat_latency_us(H100, one_per_node)) and pat.latency_us < ring_steps_us / 4
+    # 8.0 + log2(1024) x 14 / 3.5 + 1024 x 2.8 us: NCCL's tuning model for PAT
+    assert pat.latency_us == pytest.approx(8.0 + 10 * 4.0 + 1024 * 2.8)
+    # RCCL: no PAT assumed on AMD platforms, a ring there; several GPUs per node: a ring everywhere
+    assert all_gather(MI325X, one_per_node, 64e6).algorithm == "ring"
+    assert all_gather(H100, Group(1024, 8), 64e6).algorithm == "ring"
+    # a large message at few nodes: the ring's full bandwidth beats PAT's 0.75 of it
+    assert all_gather(H100, Group(4, 1), 8e9).algorithm == "ring"
+
+
+def test_all_reduce_takes_the_tree_where_its_log_depth_latency_wins():
+    big = Group(4096, 8)
+    small = all_reduce(H100, big, 1e5)
+    assert small.algorithm == "tree" and small.latency_us < 2 * 13 * H100.inter_node_latency_us + 200
+    assert all_reduce(H100, Group(8, 8), 1e9).algorithm == "ring"
+
+
+def test_gb200_nvl72_keeps_72_gpus_on_nvlink():
+    gb200 = Network(platform="gb200-nvl72", nic="ib-400g")
+    assert gb200.nvlink_domain_gpus == 72 and gb200.intra_node_gb_per_s == 900.0 and gb200.pat
+    w = workload("fsdp")
+    c_rack = collectives(w, gb200, 64, 4)  # clusters of 4-GPU compute trays: the NVLink domain still spans 72
+    assert c_rack.dp_bound == "intra-node"
+    c_hgx = collectives(w, Network(platform="b200-hgx", nic="ib-400g"), 64, 8)
+    assert c_hgx.dp_bound == "inter-node" and c_rack.ag_block < c_hgx.ag_block
+
+
+def test_amd_platforms_carry_their_nics():
+    for platform in ("mi300x-platform", "mi325x-platform", "mi355x-platform"):
+        net = Network(platform=platform, nic="pollara-400g")
+        assert net.inter_node_gb_per_s == 50.0 and not net.pat
+
+
+# --------------------------------------------------------------------------------------------- step model
+
+
+def test_pipeline_stage_holds_its_layers_and_waits_out_the_bubble():
+    w = workload("pp=4+tp=2+fsdp", micro_batch_size=1, virtual_stages=1)
+    assert w.stage_layers(64) == 8
+    assert w.bubble(64) == pytest.approx(1 + 3 / 8)  # 8 sequences per DP rank, micro-batch 1
+    assert workload("pp=4+tp=2+fsdp", virtual_stages=4).bubble(64) == pytest.approx(1 + 3 / 32)
+    assert workload("pp=4+tp=2+fsdp", micro_batch_size=0).bubble(64) == 1.0  # schedule unknown: not modelled
+    assert workload("tp=2+fsdp").bubble(64) == 1.0
+    p = step_time(w, H100, 64, 8, 1000.0)
+    assert p.idle_ms > 0 and p.step_ms > 1000.0 * (1 + 3 / 8)
+    assert collectives(w, H100, 64, 8).p2p_ms > 0
+    # stage-to-stage sends: inside a node while a stage spans less than one, across nodes otherwise
+    assert point_to_point(H100, True, 1e6).time_us < point_to_point(H100, False, 1e6).time_us
+
+
+def test_context_parallel_exchanges_keys_and_values_and_syncs_gradients_over_dp_x_cp():
+    w = workload("cp=2+fsdp")
+    g = groups(w, 16, 8)
+    assert g["cp"].size == 2 and g["shard"].size == 16
+    c = collectives(w, H100, 16, 8)
+    assert c.cp_fwd_block > 0 and c.cp_bwd_block == pytest.approx(2 * c.cp_fwd_block)
+    assert w.tokens_per_step(16) == 8 * 8 * 8192  # 8 DP ranks of 8 sequences: CP splits sequences, not batches
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layout=st.sampled_from(["fsdp", "pp=2+fsdp", "pp=4+tp=2+fsdp", "cp=2+fsdp", "pp=2+cp=2+tp=2+fsdp", "cp=2+ddp"]),
+    platform=st.sampled_from(["h100-hgx", "mi325x-platform", "gb200-nvl72"]),
+    x0=st.floats(min_value=100.0, max_value=1e6),
+)
+def test_weak_scaling_efficiency_never_rises_with_n_and_every_point_is_answered(layout, platform, x0):
+    net = Network(platform=platform, nic="ib-400g")
+    report = project_report(build_report(runs({8: x0})), SPEC, used(net), [16, 64, 256, 1024, 4096], layouts=[layout])
+    (s,) = [s for s in report.series if s.key.layout == layout] if layout != "fsdp" else report.series
+    effs = [p.efficiency for p in sorted(s.points, key=lambda p: p.num_devices) if p.num_devices >= 16]
+    assert len(effs) == 5 and all(math.isfinite(e) and e > 0 for e in effs)
+    assert all(b <= a + 1e-9 for a, b in zip(effs, effs[1:], strict=False))
+
+
+# --------------------------------------------------------------------------- projection and plan with pp / cp
+
+
+def test_projection_lays_a_measured_series_out_as_pp_and_cp():
+    report = project_report(
+        build_report(runs({8: 6000.0, 64: 5900.0})),
+        SPEC,
+        used(H100),
+        [8, 64, 512, 1024],
+        layouts=["pp=4+tp=2+fsdp", "cp=2+fsdp", "fsdp"],
+    )
+    layouts = [s.key.layout for s in report.series]
+    assert layouts == ["fsdp", "pp=4+tp=2+fsdp", "cp=2+fsdp"]  # the measured layout is not projected twice
+    pp = {p.num_devices: p for p in report.series[1].points}
+    assert set(pp) == {8, 64, 512, 1024} and all(p.status == "projected" for p in pp.values())
+    assert all(p.measured_tokens_per_sec is None for p in pp.values())
+    assert "projected onto layout pp=4+tp=2+fsdp" in report.series[1].notes[0]
+    assert pp[1024].efficiency_low < pp[1024].efficiency < pp[1024].efficiency_high
+    assert pp[8].efficiency < 1.0  # the bubble: one pipeline of 2 sequences a step costs what fsdp does not
+
+
+def test_plan_for_1024_gpus_of_an_8b_model_on_mi325x_lists_its_interval():
+    report = build_report(runs({8: 7000.0}))
+    counts = plan_counts([8], 1024)
+    projected = project_report(report, SPEC, used(MI325X), counts, layouts=["pp=2+fsdp", "cp=2+fsdp"])
+    plan = build_plan(report, projected, tokens=1e12, max_gpus=1024)
+    row = next(r for r in plan.rows if r.num_devices == 1024)
+    assert {o.layout for o in row.options} == {"fsdp", "pp=2+fsdp", "cp=2+fsdp"}
+    for o in row.options:
+        assert o.source == "projected"
+        assert o.efficiency_low < o.efficiency < o.efficiency_high
+        assert o.time_to_train_hours_low < o.time_to_train_hours < o.time_to_train_hours_high
+
+
+def test_megatron_buckets_grow_with_the_data_parallel_group():
+    per_block = workload("ddp")
+    megatron = workload("ddp", dp_buckets="megatron")
+    # max(40M, 1M x DP x CP) parameters a bucket; an 8B block holds ~218M: one block per bucket up to DP 218
+    assert per_block.blocks_per_unit(1024) == 1 and megatron.blocks_per_unit(128) == 1
+    assert megatron.blocks_per_unit(1024) == 4 and megatron.blocks_per_unit(2 * 1024) == 9
+    assert megatron.blocks_per_unit(1 << 16) == 32  # never more than the stage's blocks
+    c1, c4 = collectives(per_block, H100, 1024, 8), collectives(megatron, H100, 1024, 8)
+    assert c4.ar_block > 3 * c1.ar_block  # one call carries four blocks' gradients
