@@ -223,7 +223,7 @@ def _environment(field: str, p: ImportPoint | ImportLog, cluster: Cluster) -> En
         ) from exc
 
 
-def _summary(p: ImportPoint, run: RunSpec, env: Environment, step_time_source: str | None) -> Summary:
+def _summary(p: ImportPoint, run: RunSpec, env: Environment, timing: dict[str, Any]) -> Summary:
     n = p.num_devices
     tps = p.global_tokens_per_sec()
     step_ms = p.step_ms or run.tokens_per_step / tps * 1000.0
@@ -247,8 +247,7 @@ def _summary(p: ImportPoint, run: RunSpec, env: Environment, step_time_source: s
         mfu_vs_precision_peak=tflops / own_peak if own_peak else None,
         mfu_note=note,
         peak_memory_allocated_gib=p.peak_memory_gib,
-        step_time_source=step_time_source,
-    )
+    ).model_copy(update=timing)
 
 
 def _normal(value: float) -> bool:
@@ -302,11 +301,11 @@ def _result(
     run: RunSpec,
     cluster: Cluster,
     max_num_devices: int,
-    step_time_source: str | None = None,
+    timing: dict[str, Any],
 ) -> RunResult:
     env = _environment(field, p, cluster)
     final = p.final_loss if p.final_loss is not None else (p.loss_curve[-1][1] if p.loss_curve else None)
-    summary = _summary(p, run, env, step_time_source)
+    summary = _summary(p, run, env, timing)
     _check_derived(field, p, summary, max_num_devices)
     # No StepRecords: db.imports.step_chunks writes the curves as the steps (500,000 objects cost seconds).
     return RunResult(
@@ -335,7 +334,7 @@ def _point_steps(p: ImportPoint) -> ImportedSteps:
 class _FromLog:
     point: ImportPoint
     steps: ImportedSteps
-    step_time_source: str
+    timing: dict[str, Any]  # Summary fields the log's timed steps give (their count, range, how they were taken)
 
 
 def _tokens_per_step(body: ImportHead, log: ImportLog, field: str) -> int:
@@ -423,8 +422,14 @@ def _from_log(body: LogsImport, i: int, log: ImportLog) -> _FromLog:
             [FieldError(field=f"{field}.{e.field}", message=e.message) for e in validation_errors(exc.errors())]
         ) from exc
     rows = [(r.step, r.loss, r.step_ms, tokens_per_step, r.step in warm_steps) for r in parsed.steps]
-    source = f"imported log:{log.format} (median of {len(timed) - warmup} logged steps after {warmup} left out)"
-    return _FromLog(point, ImportedSteps(rows=rows), source)
+    timed_ms = [r.step_ms for r in timed[warmup:]]
+    timing = {
+        "num_timed_steps": len(timed_ms),
+        "step_ms_min": min(timed_ms),
+        "step_ms_max": max(timed_ms),
+        "step_time_source": f"imported log:{log.format} (median of the logged steps after the first {warmup})",
+    }
+    return _FromLog(point, ImportedSteps(rows=rows), timing)
 
 
 _LOG_LINE_EXAMPLES = {
@@ -491,15 +496,15 @@ def _import_points(
     *,
     field: str,
     steps: list[ImportedSteps] | None = None,
-    step_time_sources: list[str | None] | None = None,
+    timings: list[dict[str, Any]] | None = None,
 ) -> dict:
     _check_sizes(points, field)
     max_n = max(p.num_devices for p in points)
     cluster = _cluster(body, clusters, max_n)
     runs = _match_points(points, cluster, _spec(body, points, engines=[DEFAULT_ENGINE]), field)
-    sources = step_time_sources or [None] * len(points)
     results = [
-        _result(f"{field}[{i}]", p, r, cluster, max_n, src) for i, (p, r, src) in enumerate(zip(points, runs, sources))
+        _result(f"{field}[{i}]", p, r, cluster, max_n, timing)
+        for i, (p, r, timing) in enumerate(zip(points, runs, timings or [{}] * len(points)))
     ]
     return _write(session, _spec(body, points), runs, results, steps or [_point_steps(p) for p in points], response)
 
@@ -557,5 +562,5 @@ def import_logs(
         response,
         field="logs",
         steps=[c.steps for c in converted],
-        step_time_sources=[c.step_time_source for c in converted],
+        timings=[c.timing for c in converted],
     )
