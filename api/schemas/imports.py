@@ -14,10 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StrictInt,
+    TypeAdapter,
+    ValidatorFunctionWrapHandler,
+    WithJsonSchema,
+    WrapValidator,
     field_validator,
     model_validator,
 )
@@ -37,17 +40,21 @@ Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]
 LossPair = tuple[Step, float]
 
 
-def _as_pairs(value: Any) -> Any:
-    """A loss curve given as plain numbers is step 0, 1, 2, ...; given as [step, loss] pairs it is taken as is.
-    One form per curve (a mixed list is refused: which step would a bare number be?)."""
+_PLAIN_CURVE = TypeAdapter(list[float], config=ConfigDict(allow_inf_nan=False))
+
+
+def _as_pairs(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A loss curve given as plain numbers is step 0, 1, 2, ... (validated as numbers, so that an error names
+    loss_curve[i]); given as [step, loss] pairs it is taken as is. One form per curve (a mixed list is refused:
+    which step would a bare number be?)."""
     if not isinstance(value, list) or not value:
-        return value
-    numbers = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in value]
-    if all(numbers):
-        return [(i, v) for i, v in enumerate(value)]
-    if any(numbers):
+        return handler(value)
+    pairs = [isinstance(v, (list, tuple)) for v in value]
+    if not any(pairs):
+        return handler(list(enumerate(_PLAIN_CURVE.validate_python(value))))
+    if not all(pairs):
         raise ValueError("give every value as a number (step 0, 1, 2, ...) or every value as a [step, loss] pair")
-    return value
+    return handler(value)
 
 
 def _ordered_steps(pairs: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -58,8 +65,25 @@ def _ordered_steps(pairs: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return ordered
 
 
+_PAIR_SCHEMA = {
+    "type": "array",
+    "prefixItems": [{"type": "integer", "minimum": 0, "maximum": MAX_STEP}, {"type": "number"}],
+    "minItems": 2,
+    "maxItems": 2,
+}
 LossCurve = Annotated[
-    list[LossPair], BeforeValidator(_as_pairs), AfterValidator(_ordered_steps), Field(max_length=MAX_CURVE_POINTS)
+    list[LossPair],
+    WrapValidator(_as_pairs),
+    AfterValidator(_ordered_steps),
+    Field(max_length=MAX_CURVE_POINTS),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "array", "items": {"type": "number"}, "maxItems": MAX_CURVE_POINTS},
+                {"type": "array", "items": _PAIR_SCHEMA, "maxItems": MAX_CURVE_POINTS},
+            ]
+        }
+    ),
 ]
 EvalCurve = Annotated[list[LossPair], AfterValidator(_ordered_steps), Field(max_length=MAX_CURVE_POINTS)]
 Engine = Annotated[str, Field(max_length=80), AfterValidator(check_engine)]
