@@ -21,6 +21,7 @@ The runs never sit committed as queued, so no dispatcher or worker ever sees the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ class ImportedSteps:
     seconds."""
 
     rows: list[tuple[int, float | None, float | None, int, bool]]
+    evals: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # held-out (step, loss), in order
 
     def losses(self) -> list[tuple[int, float]]:
         return [(s, loss) for s, loss, *_ in self.rows if loss is not None]

@@ -324,7 +324,7 @@ def _result(
 
 def _point_steps(p: ImportPoint) -> ImportedSteps:
     """A JSON point's step rows: its loss curve (no step times: the point gives a median only)."""
-    return ImportedSteps(rows=[(s, v, None, 0, False) for s, v in p.loss_curve])
+    return ImportedSteps(rows=[(s, v, None, 0, False) for s, v in p.loss_curve], evals=list(p.eval_curve))
 
 
 # ------------------------------------------------------------------------------------------------- logs
@@ -429,7 +429,7 @@ def _from_log(body: LogsImport, i: int, log: ImportLog) -> _FromLog:
         "step_ms_max": max(timed_ms),
         "step_time_source": f"imported log:{log.format} (median of the logged steps after the first {warmup})",
     }
-    return _FromLog(point, ImportedSteps(rows=rows), timing)
+    return _FromLog(point, ImportedSteps(rows=rows, evals=list(point.eval_curve)), timing)
 
 
 _LOG_LINE_EXAMPLES = {
