@@ -515,14 +515,25 @@ def _thinned_steps(
 
 
 def loss_curves(
-    session: Session, experiment_id: int, *, max_points: int = 200, num_devices: int | None = None
+    session: Session,
+    experiment_id: int,
+    *,
+    max_points: int = 200,
+    num_devices: int | None = None,
+    every_repeat: bool = True,
 ) -> list[LossCurve]:
     """Loss curves for the fp8-vs-bf16 chart: every succeeded run's (each seed and repeat, with its engine and
     seed), each thinned to at most max_points points (first and last step kept; DOWNSAMPLING), with its
-    held-out curve thinned the same way. Runs without step losses give no curve. Stored curves are read as they
-    are; runs without one (recorded before curves were stored) are thinned from their steps."""
+    held-out curve thinned the same way; every_repeat False: the first repeat of each seed only (one curve per
+    point and seed). Runs without step losses give no curve. Stored curves are read as they are; runs without
+    one (recorded before curves were stored) are thinned from their steps."""
     assert max_points >= 2
     runs = _curve_runs(session, experiment_id, num_devices)
+    if not every_repeat:
+        first: dict[tuple, sa.Row] = {}
+        for r in runs:  # ordered by repeat within a point and seed
+            first.setdefault((r.engine, r.cluster, r.precision, r.layout, r.num_devices, r.seed or 0), r)
+        runs = list(first.values())
     if not runs:
         return []
     ids = [r.id for r in runs]

@@ -227,6 +227,16 @@ def get_losses(
     _auth: ReadAuth,
     num_devices: Annotated[int | None, Query(ge=1, le=65536, description="Only curves at this N.")] = None,
     max_points: Annotated[int, Query(ge=2, le=2000, description="Points per curve at most.")] = 200,
+    repeats: Annotated[
+        Literal["all", "first"],
+        Query(
+            description=(
+                "all (default): every run's curve; first: the first repeat of each seed only, one curve per point "
+                "and seed (what the dashboard draws: repeats of a seed train on the same batches, and an "
+                "experiment with many repeats would otherwise serve each curve many times)."
+            )
+        ),
+    ] = "all",
     format: Annotated[
         Literal["json", "csv"],
         Query(
@@ -243,7 +253,9 @@ def get_losses(
         return unchanged
 
     def build() -> tuple[str, bytes]:
-        curves = db.points.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
+        curves = db.points.loss_curves(
+            session, experiment_id, max_points=max_points, num_devices=num_devices, every_repeat=repeats == "all"
+        )
         if format == "csv":
             return "text/csv; charset=utf-8", losses_csv(curves).encode()
         body = LossesRead(experiment_id=experiment_id, max_points=max_points, curves=curves)

@@ -87,19 +87,19 @@ function experimentPage(id) {
     <th>error</th></tr></thead><tbody></tbody></table></div>`;
   let lossN = null;
   const lossSelect = document.getElementById("loss-n");
-  lossSelect.addEventListener("change", () => { lossN = Number(lossSelect.value); drawLosses(bodies.get(`/experiments/${id}/losses`), lossN); });
+  lossSelect.addEventListener("change", () => { lossN = Number(lossSelect.value); drawLosses(bodies.get(`/experiments/${id}/losses?repeats=first`), lossN); });
   loop(async () => {
     const exp = await poll(`/experiments/${id}`);
     if (!exp.changed) return;  // nothing moved: no other request, no re-render
     stats.renders++;
     renderHead(exp.data);
     const [runs, scaling, losses, breakdown] = await Promise.all([poll(`/experiments/${id}/runs?limit=1000`),
-      poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`), poll(`/experiments/${id}/breakdown`)]);
+      poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses?repeats=first`), poll(`/experiments/${id}/breakdown`)]);
     if (runs.changed) renderRuns(runs.data.items);
     if (breakdown.changed) SBBreakdown.render(document.getElementById("chart-breakdown"), breakdown.data);
     if (scaling.changed) { renderScaling(scaling.data); lossVerdicts = scaling.data.speedups || []; }
     if (losses.changed) lossN = fillLossSelect(lossSelect, losses.data, lossN);
-    if (losses.changed || scaling.changed) drawLosses(bodies.get(`/experiments/${id}/losses`) || losses.data, lossN);
+    if (losses.changed || scaling.changed) drawLosses(bodies.get(`/experiments/${id}/losses?repeats=first`) || losses.data, lossN);
     if (window.SBProjection) await SBProjection.update(id, exp.data.cluster);  // projection.js: dashed projected points (last: one more request)
   });
 }

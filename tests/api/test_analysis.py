@@ -215,6 +215,8 @@ def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:
     with pg_session_factory() as s:
         curves = db.points.loss_curves(s, exp_id)
         small = db.points.loss_curves(s, exp_id, max_points=7, num_devices=1)
+        firsts = db.points.loss_curves(s, exp_id, every_repeat=False)
+    assert len(firsts) == 6 and {c.repeat for c in firsts} == {0}  # the first repeat of each point and seed
     # every run: 2 precisions x 3 N x 2 repeats, the repeats of a point side by side
     assert len(curves) == 12 and [c.repeat for c in curves[:2]] == [0, 1]
     assert all(len(c.steps) <= 200 and c.steps[0] == 0 and c.steps[-1] == 1000 for c in curves)

@@ -258,6 +258,8 @@ def test_losses_serve_every_seed_with_engine_and_csv(client) -> None:
     c = body["curves"][0]
     assert c["steps"] == list(range(1000)) and c["source"] == "store"
     assert c["eval_steps"] == list(range(0, 1000, 50)) and len(c["eval_losses"]) == 20
+    firsts = r_ok(client.get(f"/experiments/{exp['id']}/losses?repeats=first"))["curves"]
+    assert [(c["precision"], c["seed"]) for c in firsts] == [(p, s) for p, s, _ in got]  # one repeat per seed here
 
     r = client.get(f"/experiments/{exp['id']}/losses?format=csv&max_points=2000")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
