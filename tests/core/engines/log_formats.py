@@ -2,7 +2,7 @@
 
 Each function reproduces its source's format string (field order, widths, number formats, separators):
 
-- Megatron-LM, megatron/training/training.py (NVIDIA/Megatron-LM main, 2026-08): training_log builds
+- Megatron-LM, megatron/training/training.py (NVIDIA/Megatron-LM at d98e8a6, 2026-08-22): training_log builds
   f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]" + " iteration {:8d}/{:8d} |" + " consumed samples:
   {:12d} |" + " elapsed time per iteration (ms): {:.1f} |" + (--log-throughput) " throughput per GPU
   (TFLOP/s/GPU): {:.1f} |" + " learning rate: {:.6E} |" + " global batch size: {:5d} |" + " {key}: {:.6E} |"
