@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
             "tags": tag or None,
             "warmup_steps": warmup_steps,
         }
-        options = {
+        options: dict[str, list[Any] | None] = {
             "precision": precision,
             "num_devices": num_devices,
             "layout": layout,

@@ -136,10 +136,10 @@ def step_chunks(
 
 def curve_chunks(
     run_ids: Sequence[int], steps: Sequence[ImportedSteps], values_per_chunk: int = IMPORT_STEP_ROWS
-) -> Iterator[list[dict]]:
+) -> Iterator[list[dict[str, Any]]]:
     """The run_loss_curves rows of the runs with a loss, grouped so that a group stores about
     values_per_chunk steps (a curve stores at most STORED_CURVE_POINTS)."""
-    chunk: list[dict] = []
+    chunk: list[dict[str, Any]] = []
     size = 0
     for run_id, run_steps in zip(run_ids, steps):
         if points := run_steps.losses():
@@ -152,7 +152,7 @@ def curve_chunks(
         yield chunk
 
 
-def insert_loss_curves(session: Session, rows: Sequence[dict]) -> None:
+def insert_loss_curves(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     """One executemany of run_loss_curves rows (the runs are new: nothing to replace)."""
     if rows:
         session.execute(sa.insert(RunLossCurve), list(rows))

@@ -530,7 +530,7 @@ def loss_curves(
     assert max_points >= 2
     runs = _curve_runs(session, experiment_id, num_devices)
     if not every_repeat:
-        first: dict[tuple, sa.Row] = {}
+        first: dict[tuple[Any, ...], sa.Row[*tuple[Any, ...]]] = {}
         for r in runs:  # ordered by repeat within a point and seed
             first.setdefault((r.engine, r.cluster, r.precision, r.layout, r.num_devices, r.seed or 0), r)
         runs = list(first.values())
@@ -569,7 +569,7 @@ def loss_curves(
     return out
 
 
-def _thinned_evals(raw: Any, max_points: int) -> dict[str, list]:
+def _thinned_evals(raw: Any, max_points: int) -> dict[str, list[Any]]:
     steps, losses = _eval_points(raw)
     return {"eval_steps": _thin(list(steps), max_points), "eval_losses": _thin(list(losses), max_points)}
 

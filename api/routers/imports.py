@@ -359,7 +359,7 @@ def _from_log(body: LogsImport, i: int, log: ImportLog) -> _FromLog:
     engine = log.engine or DEFAULT_LOG_ENGINES[log.format]
     tokens_per_step = _tokens_per_step(body, log, field)
     parsed = read_log(log.format, log.text.splitlines(), tokens_per_step=tokens_per_step, num_devices=log.num_devices)
-    timed = [r for r in parsed.steps if r.step_ms is not None and r.step_ms > 0]
+    timed = [(r.step, r.step_ms) for r in parsed.steps if r.step_ms is not None and r.step_ms > 0]
     if not timed:
         raise _bad(
             [
@@ -401,8 +401,9 @@ def _from_log(body: LogsImport, i: int, log: ImportLog) -> _FromLog:
     if errors:
         raise _bad(errors)
     warmup = min(log.warmup_steps, len(timed) - 1)  # at least one timed step
-    median_ms = statistics.median(r.step_ms for r in timed[warmup:])  # type: ignore[misc]
-    warm_steps = {r.step for r in timed[:warmup]}
+    timed_ms = [ms for _, ms in timed[warmup:]]
+    median_ms = statistics.median(timed_ms)
+    warm_steps = {step for step, _ in timed[:warmup]}
     try:
         point = ImportPoint(
             num_devices=log.num_devices,
@@ -422,7 +423,6 @@ def _from_log(body: LogsImport, i: int, log: ImportLog) -> _FromLog:
             [FieldError(field=f"{field}.{e.field}", message=e.message) for e in validation_errors(exc.errors())]
         ) from exc
     rows = [(r.step, r.loss, r.step_ms, tokens_per_step, r.step in warm_steps) for r in parsed.steps]
-    timed_ms = [r.step_ms for r in timed[warmup:]]
     timing = {
         "num_timed_steps": len(timed_ms),
         "step_ms_min": min(timed_ms),
