@@ -4,6 +4,8 @@ the fp8 loss verdict; bad logs get a 422 naming the field."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.core.engines.log_formats import megatron_log, titan_log
@@ -113,3 +115,16 @@ def test_bad_logs_get_a_422_naming_the_field(client) -> None:
     too_big = _fields(_post(client, HEAD | {"logs": [good | {"num_devices": 16}]}))
     assert "logs[0]" in too_big or "logs[0].text" in too_big
     assert _post(client, {"logs": []}).status_code == 422
+
+
+def test_jsonl_log_keeps_its_steps_and_held_out_losses(client) -> None:
+    lines = [json.dumps({"step": s, "step_ms": 100.0 + s % 3, "loss": 5.0 - s / 100}) for s in range(0, 60, 2)]
+    lines += [json.dumps({"step": s, "eval_loss": 4.9 - s / 100}) for s in (19, 39, 59)]
+    r = _post(client, HEAD | {"logs": [_log("jsonl", "\n".join(lines), "bf16", 3, warmup_steps=0)]})
+    assert r.status_code == 201, r.text
+    (run,) = r.json()["runs"]
+    assert (run["engine"], run["seed"]) == ("scalebench", 3)
+    (curve,) = client.get(f"/experiments/{r.json()['id']}/losses").json()["curves"]
+    assert curve["steps"] == list(range(0, 60, 2)) and curve["eval_steps"] == [19, 39, 59]
+    summary = client.get(f"/runs/{run['id']}").json()["summary"]
+    assert summary["step_ms_median"] == 101.0 and summary["num_timed_steps"] == 30
