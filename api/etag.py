@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from api.caches import FingerprintCache
 
 # Bump when a response's shape or its computation changes, so that clients holding old ETags refetch.
-ETAG_SALT = "scalebench-analysis-2"  # 2: /losses states its downsampling
+ETAG_SALT = "scalebench-analysis-3"  # 2: /losses states its downsampling; 3: /losses serves every seed
 NO_CACHE = {"Cache-Control": "no-cache"}  # browsers store but always revalidate
 
 

@@ -29,7 +29,7 @@ from api.deps import READ_METHODS, authenticate, require_token
 from api.problems import FieldError, ProblemError
 from core.settings import Settings
 
-LARGE_BODY_PATHS = ("/experiments/import",)  # bodies up to settings.max_import_body_bytes
+LARGE_BODY_PATHS = ("/experiments/import", "/experiments/import/logs")  # bodies up to max_import_body_bytes
 JSON_TYPES = ["application/json", "application/*+json"]
 
 

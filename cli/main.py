@@ -17,7 +17,7 @@ MISSING_EXTRA = (
 try:
     import typer
 
-    from cli import plan, plot, token, webhook
+    from cli import imports, plan, plot, token, webhook
     from cli import runs as cli_runs
     from cli import up as cli_up
 except ModuleNotFoundError as exc:
@@ -36,7 +36,8 @@ else:
     ]
     for _name, _group in GROUPS:
         app.add_typer(_group, name=_name)
-    for _commands in (cli_up, cli_runs, plot, plan):  # top-level: up, submit, ls, show, cancel, logs, plot, plan
+    # top-level: up, submit, ls, show, cancel, logs, plot, plan, import
+    for _commands in (cli_up, cli_runs, plot, plan, imports):
         _commands.register(app)
 
 

@@ -5,11 +5,15 @@ Written in bounded transactions, so that a large import never holds SQLite's one
 
   1. record_imported   the experiment, its runs (already at their outcome, finished_at still NULL) and
                        their summaries; bulk statements whatever the number of points
-  2. store_results     the runs' result JSON (environment, numerics with the loss curve), runs grouped
-                       so that each transaction carries about IMPORT_STEP_ROWS loss values (result_chunks)
-  3. insert_steps      the step records (an imported run's steps are its loss curve, step 0 first),
-                       IMPORT_STEP_ROWS per transaction (step_chunks cuts them)
-  4. finish_imported   finished_at set on every run: the experiment's ETag fingerprint moves, so a reader
+  2. store_results     the runs' result JSON (environment, numerics with the loss and held-out curves),
+                       runs grouped so that each transaction carries about IMPORT_STEP_ROWS loss values
+                       (result_chunks)
+  3. insert_steps      the step records (an imported run's steps are its loss curve, with step times when
+                       a log gave them), IMPORT_STEP_ROWS per transaction (step_chunks cuts them)
+  4. insert_loss_curves  the loss-curve rows, the table a measured run's curve is stored in when its result
+                       is recorded (db.points.loss_curve_row: thinned to STORED_CURVE_POINTS), which the fp8
+                       loss verdict and /losses read; about IMPORT_STEP_ROWS stored values per transaction
+  5. finish_imported   finished_at set on every run: the experiment's ETag fingerprint moves, so a reader
                        that saw it mid-import (succeeded runs, part of the loss curves) reads it again
 
 The runs never sit committed as queued, so no dispatcher or worker ever sees them. Functions never commit.
@@ -17,8 +21,10 @@ The runs never sit committed as queued, so no dispatcher or worker ever sees the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,7 +33,8 @@ from sqlalchemy.orm import Session
 from core.contracts.specs import ExperimentSpec, RunResult, RunSpec
 from db.base import utcnow
 from db.experiments import create_experiment
-from db.models import Experiment, Run, RunSummary, StepMetric
+from db.models import Experiment, Run, RunLossCurve, RunSummary, StepMetric
+from db.points import STORED_CURVE_POINTS, loss_curve_row
 
 IMPORT_QUEUE = "import"  # no worker consumes it; recorded for completeness
 IMPORT_STEP_ROWS = 10_000  # step rows (or loss values in results) per transaction: ~100-200 ms of SQLite write lock
@@ -99,25 +106,56 @@ def store_results(session: Session, pairs: Sequence[tuple[int, RunResult]]) -> N
 STEP_COLUMNS = ("run_id", "step", "loss", "step_ms", "tokens", "grad_norm", "lr", "warmup")
 
 
+@dataclass(frozen=True)
+class ImportedSteps:
+    """One imported run's steps as plain (step, loss, step_ms, tokens, warmup) tuples, in step order (a
+    point's loss curve, or a log's steps with their times). Plain tuples: 500,000 StepRecord objects cost
+    seconds."""
+
+    rows: list[tuple[int, float | None, float | None, int, bool]]
+    evals: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # held-out (step, loss), in order
+
+    def losses(self) -> list[tuple[int, float]]:
+        return [(s, loss) for s, loss, *_ in self.rows if loss is not None]
+
+
 def step_chunks(
-    run_ids: Sequence[int], results: Sequence[RunResult], rows_per_chunk: int = IMPORT_STEP_ROWS
+    run_ids: Sequence[int], steps: Sequence[ImportedSteps], rows_per_chunk: int = IMPORT_STEP_ROWS
 ) -> Iterator[list[tuple[Any, ...]]]:
-    """The step rows of every run as STEP_COLUMNS tuples (its steps, else its loss curve: step i has loss
-    curve[i]), at most rows_per_chunk per list. Plain tuples: 500,000 StepRecord objects cost seconds."""
+    """The step rows of every run as STEP_COLUMNS tuples, at most rows_per_chunk per list."""
     chunk: list[tuple[Any, ...]] = []
-    for run_id, res in zip(run_ids, results):
-        if res.steps:
-            rows = ((run_id, s.step, s.loss, s.step_ms, s.tokens, s.grad_norm, s.lr, s.warmup) for s in res.steps)
-        else:
-            curve = res.numerics.loss_curve if res.numerics else []
-            rows = ((run_id, i, loss, None, 0, None, None, False) for i, loss in enumerate(curve))
-        for row in rows:
-            chunk.append(row)
+    for run_id, run_steps in zip(run_ids, steps):
+        for step, loss, step_ms, tokens, warmup in run_steps.rows:
+            chunk.append((run_id, step, loss, step_ms, tokens, None, None, warmup))
             if len(chunk) >= rows_per_chunk:
                 yield chunk
                 chunk = []
     if chunk:
         yield chunk
+
+
+def curve_chunks(
+    run_ids: Sequence[int], steps: Sequence[ImportedSteps], values_per_chunk: int = IMPORT_STEP_ROWS
+) -> Iterator[list[dict[str, Any]]]:
+    """The run_loss_curves rows of the runs with a loss, grouped so that a group stores about
+    values_per_chunk steps (a curve stores at most STORED_CURVE_POINTS)."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for run_id, run_steps in zip(run_ids, steps):
+        if points := run_steps.losses():
+            chunk.append(loss_curve_row(run_id, points))
+            size += min(len(points), STORED_CURVE_POINTS)
+            if size >= values_per_chunk:
+                yield chunk
+                chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def insert_loss_curves(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """One executemany of run_loss_curves rows (the runs are new: nothing to replace)."""
+    if rows:
+        session.execute(sa.insert(RunLossCurve), list(rows))
 
 
 def insert_steps(session: Session, rows: Sequence[tuple[Any, ...]]) -> None:

@@ -7,8 +7,8 @@ step_metrics for a run recorded since loss curves are stored (record_result stor
   load_run_points      1 query  (one RunPoint per run, series key from the spec JSON: the per-run reading,
                        what SQLite uses and what the aggregated reading is tested against)
   fingerprints         1 query  (per-status counts and max timestamps; no step_metrics scan)
-  loss_curves          2 queries (one run per curve, then its stored curve), + 1 for runs stored before
-                       curves were (their steps thinned in SQL)
+  loss_curves          2 queries (every succeeded run with its seed and held-out curve, then the stored
+                       curves), + 1 for runs stored before curves were (their steps thinned in SQL)
 """
 
 from __future__ import annotations
@@ -394,6 +394,9 @@ class LossCurve:
     source: str = "store"  # store: the curve stored when the run was recorded; steps: thinned from step rows
     stored_stride: int = 1  # the stored curve keeps every stored_stride-th step (1: all of them)
     engine: str = "scalebench"
+    seed: int = 0
+    eval_steps: list[int] = dataclasses.field(default_factory=list)  # held-out loss after these steps (thinned)
+    eval_losses: list[float | None] = dataclasses.field(default_factory=list)
 
 
 def _stride(n: int, max_points: int) -> int:
@@ -446,27 +449,37 @@ def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, 
 
 
 def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row[*tuple[Any, ...]]]:
-    """One succeeded run per (engine, cluster, precision, layout, N): the lowest seed and repeat (then the lowest
-    id)."""
-    rank = (
-        sa.func.row_number()
-        .over(
-            partition_by=(Run.engine, Run.cluster, Run.precision, Run.layout, Run.num_devices),
-            order_by=(Run.seed, Run.repeat, Run.id),
-        )
-        .label("rank")
-    )
+    """Every succeeded run of the experiment (at N = num_devices when given) with its seed and held-out curve,
+    ordered by engine (scalebench first), cluster, layout, N, precision, seed, repeat."""
     where = [Run.experiment_id == experiment_id, Run.status == "succeeded"]
     if num_devices is not None:
         where.append(Run.num_devices == num_devices)
-    ranked = (
-        sa.select(Run.id, Run.engine, Run.cluster, Run.precision, Run.layout, Run.num_devices, Run.repeat, rank)
-        .where(*where)
-        .subquery()
-    )
-    rows = session.execute(sa.select(ranked).where(ranked.c.rank == 1)).all()
+    rows = session.execute(
+        sa.select(
+            Run.id,
+            Run.engine,
+            Run.cluster,
+            Run.precision,
+            Run.layout,
+            Run.num_devices,
+            Run.seed,
+            Run.repeat,
+            _eval_curve_column(session.get_bind().dialect.name).label("eval_curve"),
+        ).where(*where)
+    ).all()
     return sorted(
-        rows, key=lambda r: (r.engine != "scalebench", r.engine, r.cluster, r.layout, r.num_devices, r.precision)
+        rows,
+        key=lambda r: (
+            r.engine != "scalebench",
+            r.engine,
+            r.cluster,
+            r.layout,
+            r.num_devices,
+            r.precision,
+            r.seed or 0,
+            r.repeat,
+            r.id,
+        ),
     )
 
 
@@ -502,13 +515,25 @@ def _thinned_steps(
 
 
 def loss_curves(
-    session: Session, experiment_id: int, *, max_points: int = 200, num_devices: int | None = None
+    session: Session,
+    experiment_id: int,
+    *,
+    max_points: int = 200,
+    num_devices: int | None = None,
+    every_repeat: bool = True,
 ) -> list[LossCurve]:
-    """Loss curves for the fp8-vs-bf16 chart: one run per (engine, cluster, precision, layout, N), each thinned to
-    at most max_points points (first and last step kept; DOWNSAMPLING). Runs without step losses give no
-    curve. Stored curves are read as they are; runs without one (imported) are thinned from their steps."""
+    """Loss curves for the fp8-vs-bf16 chart: every succeeded run's (each seed and repeat, with its engine and
+    seed), each thinned to at most max_points points (first and last step kept; DOWNSAMPLING), with its
+    held-out curve thinned the same way; every_repeat False: the first repeat of each seed only (one curve per
+    point and seed). Runs without step losses give no curve. Stored curves are read as they are; runs without
+    one (recorded before curves were stored) are thinned from their steps."""
     assert max_points >= 2
     runs = _curve_runs(session, experiment_id, num_devices)
+    if not every_repeat:
+        first: dict[tuple[Any, ...], sa.Row[*tuple[Any, ...]]] = {}
+        for r in runs:  # ordered by repeat within a point and seed
+            first.setdefault((r.engine, r.cluster, r.precision, r.layout, r.num_devices, r.seed or 0), r)
+        runs = list(first.values())
     if not runs:
         return []
     ids = [r.id for r in runs]
@@ -525,6 +550,8 @@ def loss_curves(
             num_devices=r.num_devices,
             repeat=r.repeat,
             engine=r.engine,
+            seed=r.seed or 0,
+            **_thinned_evals(r.eval_curve, max_points),
         )
         if (c := stored.get(r.id)) is not None:
             out.append(
@@ -540,6 +567,11 @@ def loss_curves(
             n, steps, losses = from_steps[r.id]
             out.append(LossCurve(**where, num_steps=n, steps=steps, losses=losses, source="steps"))
     return out
+
+
+def _thinned_evals(raw: Any, max_points: int) -> dict[str, list[Any]]:
+    steps, losses = _eval_points(raw)
+    return {"eval_steps": _thin(list(steps), max_points), "eval_losses": _thin(list(losses), max_points)}
 
 
 # ------------------------------------------------------------------------------- loss verdict inputs

@@ -12,6 +12,8 @@ costs one point's aggregation and one series' fits. SCALEBENCH_REPORT_CACHE=0 tu
 
 from __future__ import annotations
 
+import csv
+import io
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
@@ -168,17 +170,55 @@ class LossesRead(BaseModel):
     downsampling: str = Field(db.points.DOWNSAMPLING, description="How the curves were thinned.")
     curves: list[LossCurve] = Field(
         description=(
-            "One curve per succeeded run: steps and losses, thinned; source 'store' (the curve stored when the run "
-            "was recorded, stored_stride > 1 when that was already thinned) or 'steps' (thinned from step rows)."
+            "One curve per succeeded run: every seed and repeat (seed and engine in each), ordered by engine, "
+            "cluster, layout, N, precision, seed, repeat; steps and losses, thinned; eval_steps and eval_losses: "
+            "its held-out loss (empty when not evaluated), thinned the same way; source 'store' (the curve stored "
+            "when the run was recorded or imported, stored_stride > 1 when that was already thinned) or 'steps' "
+            "(thinned from step rows)."
         )
     )
+
+
+LOSS_CSV_COLUMNS = (
+    "run_id",
+    "engine",
+    "cluster",
+    "precision",
+    "layout",
+    "num_devices",
+    "seed",
+    "repeat",
+    "step",
+    "loss",
+    "eval_loss",
+)
+
+
+def losses_csv(curves: list[LossCurve]) -> str:
+    """One row per run and step of the served curves: the training loss, and the held-out loss at the steps
+    evaluated (empty where a step has only the other)."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(LOSS_CSV_COLUMNS)
+    for c in curves:
+        train = dict(zip(c.steps, c.losses))
+        held_out = dict(zip(c.eval_steps, c.eval_losses))
+        head = (c.run_id, c.engine, c.cluster, c.precision, c.layout, c.num_devices, c.seed, c.repeat)
+        for step in sorted(train.keys() | held_out.keys()):
+            loss, eval_loss = train.get(step), held_out.get(step)
+            w.writerow((*head, step, "" if loss is None else repr(loss), "" if eval_loss is None else repr(eval_loss)))
+    return out.getvalue()
 
 
 @router.get(
     "/experiments/{experiment_id}/losses",
     response_model=LossesRead,
-    responses={**PROBLEM_RESPONSES, **NOT_MODIFIED},
-    summary="Loss curves for fp8 vs bf16: one succeeded run per (precision, layout, N), thinned",
+    responses={
+        **PROBLEM_RESPONSES,
+        **NOT_MODIFIED,
+        200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv (one row per run and step)"},
+    },
+    summary="Loss curves for fp8 vs bf16: every succeeded run (each seed and repeat), thinned (JSON or CSV)",
 )
 def get_losses(
     experiment_id: ExperimentId,
@@ -187,16 +227,42 @@ def get_losses(
     _auth: ReadAuth,
     num_devices: Annotated[int | None, Query(ge=1, le=65536, description="Only curves at this N.")] = None,
     max_points: Annotated[int, Query(ge=2, le=2000, description="Points per curve at most.")] = 200,
+    repeats: Annotated[
+        Literal["all", "first"],
+        Query(
+            description=(
+                "all (default): every run's curve; first: the first repeat of each seed only, one curve per point "
+                "and seed (what the dashboard draws: repeats of a seed train on the same batches, and an "
+                "experiment with many repeats would otherwise serve each curve many times)."
+            )
+        ),
+    ] = "all",
+    format: Annotated[
+        Literal["json", "csv"],
+        Query(
+            description=(
+                "json (default) or csv: one row per run and step (run_id, engine, cluster, precision, layout, "
+                "num_devices, seed, repeat, step, loss, eval_loss), the served points (max_points=2000: every "
+                "stored point)."
+            )
+        ),
+    ] = "json",
 ) -> Any:
     headers, unchanged, _ = _fresh(request, session, experiment_id, load=False)
     if unchanged:
         return unchanged
 
     def build() -> tuple[str, bytes]:
-        curves = db.points.loss_curves(session, experiment_id, max_points=max_points, num_devices=num_devices)
+        curves = db.points.loss_curves(
+            session, experiment_id, max_points=max_points, num_devices=num_devices, every_repeat=repeats == "all"
+        )
+        if format == "csv":
+            return "text/csv; charset=utf-8", losses_csv(curves).encode()
         body = LossesRead(experiment_id=experiment_id, max_points=max_points, curves=curves)
         return "application/json", body.model_dump_json().encode()
 
+    if format == "csv":
+        headers["Content-Disposition"] = f'inline; filename="experiment-{experiment_id}-losses.csv"'
     return _cache(request).answer(headers, build)
 
 

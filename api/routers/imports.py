@@ -1,57 +1,68 @@
-"""POST /experiments/import: runs measured elsewhere (a published table, another trainer's logs) get the same
-curves. The points pass the same validation as a submitted experiment: the matrix they span is expanded by
-core.contracts.matrix.expand on the cluster, and a point the expansion skips is refused with the skip reason.
+"""POST /experiments/import and /experiments/import/logs: runs made elsewhere (a published table, another
+trainer's logs) get the same curves and verdicts. The points pass the same validation as a submitted experiment:
+the matrix they span is expanded by core.contracts.matrix.expand on the cluster, and a point the expansion skips
+is refused with the skip reason (the engine rules are left out: an imported run already ran). A log is read by
+the parsers the command engine uses (core.engines.logs.read_log) into such a point.
 
 Every value stored is finite and storable text, and so is every value derived from it (per-device
 throughput, step time, TFLOP/s, MFU, the ideal throughput of E(N)): an input whose derived value would
 overflow or underflow (tokens_per_sec 1e308 or 5e-324) is refused with a 422 naming the input. The rows
 are written in bounded transactions (db.imports), so a large import never holds SQLite's write lock long.
+Imported loss curves go to the loss-curve table like a measured run's (db.points.loss_curve_row), so the fp8
+loss verdict of /scaling reads them.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Response
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictInt,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 import db.experiments
 from api.deps import ClustersDep, SessionDep, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import WRITE_RESPONSES, FieldError, ProblemError, validation_errors
-from api.schemas.experiments import ExperimentRead, RunBrief, experiment_read
+from api.schemas.experiments import RunBrief, experiment_read
+from api.schemas.imports import (
+    DEFAULT_LOG_ENGINES,
+    MAX_CURVE_POINTS,
+    MAX_STEP,
+    MAX_TOTAL_CURVE_POINTS,
+    ExperimentImport,
+    ImportHead,
+    ImportLog,
+    ImportPoint,
+    ImportRead,
+    LogsImport,
+)
 from core.catalog.hardware import peak_tflops
 from core.catalog.shapes import get_shape
 from core.contracts.clusters import Cluster
 from core.contracts.matrix import MatrixError, expand
 from core.contracts.specs import (
+    DEFAULT_ENGINE,
     Environment,
+    EvalPoint,
     ExperimentSpec,
-    ModelName,
     Numerics,
-    Precision,
     RunResult,
     RunSpec,
-    ScalingMode,
     Summary,
-    Text,
     bad_values,
-    check_layout,
-    check_text,
+    resolve_layout,
 )
+from core.engines.logs import read_log
 from db.imports import (
+    ImportedSteps,
+    curve_chunks,
     finish_imported,
+    insert_loss_curves,
     insert_steps,
     pause_for_other_writers,
     record_imported,
@@ -60,73 +71,10 @@ from db.imports import (
     store_results,
 )
 
+__all__ = ["ExperimentImport", "ImportPoint", "LogsImport", "router"]  # the schemas live in api.schemas.imports
+
 router = APIRouter(prefix="/experiments", tags=["experiments"], route_class=GuardedRoute)
-MAX_POINTS = 4096
-MAX_CURVE_POINTS = 10_000  # per point
-MAX_TOTAL_CURVE_POINTS = 500_000
 UNKNOWN_TORCH = "unknown (imported)"
-
-
-class ImportPoint(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    num_devices: StrictInt = Field(ge=1, le=65536)
-    precision: Precision
-    layout: str = Field(description="Layout template, e.g. fsdp, hsdp:shard=8, tp=2+fsdp.")
-    tokens_per_sec: float | None = Field(None, gt=0, description="Global tokens/s (give this or the per-device value).")
-    tokens_per_sec_per_device: float | None = Field(None, gt=0, description="Tokens/s per device (e.g. TPS/GPU).")
-    step_ms: float | None = Field(None, gt=0, description="Median step time; default derived from tokens per step.")
-    peak_memory_gib: float | None = Field(None, ge=0)
-    final_loss: float | None = None
-    loss_curve: list[float] = Field([], max_length=MAX_CURVE_POINTS, description="Loss per step, step 0 first.")
-    environment: dict[str, Any] = Field({}, description="core.contracts.specs.Environment fields (torch_version, ...).")
-    repeat: StrictInt = Field(0, ge=0, le=19)
-
-    @field_validator("layout")
-    @classmethod
-    def _layout(cls, v: str) -> str:
-        return check_layout(v)
-
-    @model_validator(mode="after")
-    def _one_throughput(self) -> ImportPoint:
-        if (self.tokens_per_sec is None) == (self.tokens_per_sec_per_device is None):
-            raise ValueError("give exactly one of tokens_per_sec (global) or tokens_per_sec_per_device")
-        return self
-
-    def global_tokens_per_sec(self) -> float:
-        return self.tokens_per_sec or self.tokens_per_sec_per_device * self.num_devices  # type: ignore[operator]
-
-
-class ExperimentImport(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-
-    name: Text = Field(min_length=1, max_length=200)
-    model: ModelName
-    num_layers: int | None = Field(None, ge=1, le=256)
-    cluster: Text = Field(
-        min_length=1,
-        max_length=63,
-        description="A configured cluster, or a new name (then vendor and device_name are required).",
-    )
-    vendor: Literal["nvidia", "amd", "cpu"] | None = None
-    device_name: Text | None = Field(
-        None, min_length=1, max_length=200, description="Device name; MFU is computed when the peak table knows it."
-    )
-    scaling: ScalingMode = "weak"
-    seq_len: int = Field(2048, ge=16, le=131072)
-    local_batch_size: int | None = Field(None, ge=1, le=4096)
-    global_batch_size: int | None = Field(None, ge=1, le=1 << 20)
-    compile: bool = False
-    activation_checkpointing: Literal["none", "full"] = "none"
-    fp8_all_gather: bool = False
-    tags: list[Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text)]] = Field(
-        [], max_length=31
-    )
-    points: list[ImportPoint] = Field(min_length=1, max_length=MAX_POINTS)
-
-
-class ImportRead(ExperimentRead):
-    runs: list[RunBrief]
 
 
 # ------------------------------------------------------------------------------------------- building
@@ -136,7 +84,7 @@ def _bad(errors: list[FieldError], detail: str = "invalid import") -> ProblemErr
     return ProblemError(422, f"{detail}: " + "; ".join(f"{e.field}: {e.message}" for e in errors[:5]), errors)
 
 
-def _cluster(body: ExperimentImport, clusters: dict[str, Cluster]) -> Cluster:
+def _cluster(body: ImportHead, clusters: dict[str, Cluster], max_num_devices: int) -> Cluster:
     """The configured cluster, or one described by the body (sized to the largest N imported)."""
     if body.cluster in clusters:
         return clusters[body.cluster]
@@ -159,7 +107,7 @@ def _cluster(body: ExperimentImport, clusters: dict[str, Cluster]) -> Cluster:
             vendor=body.vendor,
             device_name=body.device_name,
             gpus_per_node=1,
-            max_nodes=max(p.num_devices for p in body.points),
+            max_nodes=max_num_devices,
             launcher="local",
             queue="import",
         )
@@ -167,8 +115,10 @@ def _cluster(body: ExperimentImport, clusters: dict[str, Cluster]) -> Cluster:
         raise _bad([FieldError(field="cluster", message=e["msg"]) for e in exc.errors()]) from exc
 
 
-def _spec(body: ExperimentImport) -> ExperimentSpec:
-    pts = body.points
+def _spec(body: ImportHead, pts: list[ImportPoint], engines: list[str] | None = None) -> ExperimentSpec:
+    """The experiment's spec. engines None: the points' own (stored); the matrix is expanded with the default
+    engine only, since an imported run is not checked against what the cluster offers (it already ran)."""
+    seeds = sorted({p.seed for p in pts})
     try:
         return ExperimentSpec(
             name=body.name,
@@ -178,13 +128,15 @@ def _spec(body: ExperimentImport) -> ExperimentSpec:
             gpu_counts=sorted({p.num_devices for p in pts}),
             precisions=list(dict.fromkeys(p.precision for p in pts)),
             layouts=list(dict.fromkeys(p.layout for p in pts)),
+            engines=engines if engines is not None else list(dict.fromkeys(p.engine for p in pts)),
             scaling=body.scaling,
             seq_len=body.seq_len,
             local_batch_size=body.local_batch_size,
             global_batch_size=body.global_batch_size,
-            steps=max([2] + [len(p.loss_curve) for p in pts]),
+            steps=max(p.num_steps() for p in pts),
             warmup_steps=0,
             repeats=max(p.repeat for p in pts) + 1,
+            seeds=seeds if seeds != [0] else None,
             compile=body.compile,
             activation_checkpointing=body.activation_checkpointing,
             fp8_all_gather=body.fp8_all_gather,
@@ -194,44 +146,58 @@ def _spec(body: ExperimentImport) -> ExperimentSpec:
         raise _bad(validation_errors(list(exc.errors()))) from exc
 
 
-def _match_points(body: ExperimentImport, cluster: Cluster, spec: ExperimentSpec) -> list[RunSpec]:
-    """The expanded RunSpec of every point, in order; 422 naming each point the matrix refuses or repeats."""
+def _check_sizes(pts: list[ImportPoint], field: str = "points") -> None:
+    """The limits that span points: distinct engines and seeds (an experiment's axes), loss values in all."""
+    errors = []
+    if sum(len(p.loss_curve) + len(p.eval_curve) for p in pts) > MAX_TOTAL_CURVE_POINTS:
+        errors.append(FieldError(field=field, message=f"more than {MAX_TOTAL_CURVE_POINTS} loss-curve points in all"))
+    for name, limit in (("engine", 8), ("seed", 16)):
+        if len({getattr(p, name) for p in pts}) > limit:
+            errors.append(FieldError(field=field, message=f"more than {limit} distinct {name}s in one experiment"))
+    if errors:
+        raise _bad(errors)
+
+
+def _match_points(pts: list[ImportPoint], cluster: Cluster, spec: ExperimentSpec, field: str) -> list[RunSpec]:
+    """The expanded RunSpec of every point, in order (with the point's engine); 422 naming each point the
+    matrix refuses or repeats."""
     try:
         runs, skipped = expand(spec, cluster)
     except MatrixError as exc:
         runs, skipped = [], exc.skipped
-    by_point = {(r.precision, r.layout, r.num_devices, r.repeat): r for r in runs}
+    by_point = {(r.precision, r.layout, r.num_devices, r.seed, r.repeat): r for r in runs}
     why = {(s.precision, s.layout, s.num_devices): s.reason for s in skipped}
     errors: list[FieldError] = []
-    seen: dict[tuple[str, str, int, int], int] = {}
+    seen: dict[tuple[str, str, str, int, int, int], int] = {}
     out: list[RunSpec | None] = []
-    for i, p in enumerate(body.points):
-        key = (p.precision, p.layout, p.num_devices, p.repeat)
+    for i, p in enumerate(pts):
+        key = (p.engine, p.precision, p.layout, p.num_devices, p.seed, p.repeat)
         if key in seen:
             errors.append(
                 FieldError(
-                    field=f"points[{i}]",
-                    message=f"same precision, layout, num_devices and repeat as points[{seen[key]}]",
+                    field=f"{field}[{i}]",
+                    message=f"same engine, precision, layout, num_devices, seed and repeat as {field}[{seen[key]}]",
                 )
             )
-        elif key not in by_point:
-            errors.append(FieldError(field=f"points[{i}]", message=why.get(key[:3], "not a point of the matrix")))
+        elif key[1:] not in by_point:
+            errors.append(FieldError(field=f"{field}[{i}]", message=why.get(key[1:4], "not a point of the matrix")))
         seen.setdefault(key, i)
-        out.append(by_point.get(key))
+        run = by_point.get(key[1:])
+        out.append(run.model_copy(update={"engine": p.engine}) if run is not None else None)
     if errors:
         raise _bad(errors, "points the matrix refuses")
     return [r for r in out if r is not None]  # no errors: every point was found
 
 
-def _environment(i: int, p: ImportPoint, cluster: Cluster) -> Environment:
+def _environment(field: str, p: ImportPoint | ImportLog, cluster: Cluster) -> Environment:
     if bad := bad_values(p.environment):
-        raise _bad([FieldError(field=f"points[{i}].environment.{path}", message=why) for path, why in bad])
+        raise _bad([FieldError(field=f"{field}.environment.{path}", message=why) for path, why in bad])
     unknown = sorted(set(p.environment) - set(Environment.model_fields))
     if unknown:
         raise _bad(
             [
                 FieldError(
-                    field=f"points[{i}].environment.{k}",
+                    field=f"{field}.environment.{k}",
                     message="unknown environment field",
                     allowed=sorted(Environment.model_fields),
                 )
@@ -244,19 +210,20 @@ def _environment(i: int, p: ImportPoint, cluster: Cluster) -> Environment:
         "device_count": p.num_devices,
         "world_size": p.num_devices,
         "torch_version": UNKNOWN_TORCH,
+        "engine": p.engine,
     }
     try:
         return Environment.model_validate(defaults | p.environment)
     except ValidationError as exc:
         raise _bad(
             [
-                FieldError(field=f"points[{i}].environment.{'.'.join(map(str, e['loc']))}", message=e["msg"])
+                FieldError(field=f"{field}.environment.{'.'.join(map(str, e['loc']))}", message=e["msg"])
                 for e in exc.errors()
             ]
         ) from exc
 
 
-def _summary(p: ImportPoint, run: RunSpec, env: Environment) -> Summary:
+def _summary(p: ImportPoint, run: RunSpec, env: Environment, timing: dict[str, Any]) -> Summary:
     n = p.num_devices
     tps = p.global_tokens_per_sec()
     step_ms = p.step_ms or run.tokens_per_step / tps * 1000.0
@@ -280,7 +247,7 @@ def _summary(p: ImportPoint, run: RunSpec, env: Environment) -> Summary:
         mfu_vs_precision_peak=tflops / own_peak if own_peak else None,
         mfu_note=note,
         peak_memory_allocated_gib=p.peak_memory_gib,
-    )
+    ).model_copy(update=timing)
 
 
 def _normal(value: float) -> bool:
@@ -288,7 +255,7 @@ def _normal(value: float) -> bool:
     return math.isfinite(value) and abs(value) >= sys.float_info.min
 
 
-def _check_derived(i: int, p: ImportPoint, summary: Summary, max_num_devices: int) -> None:
+def _check_derived(field: str, p: ImportPoint, summary: Summary, max_num_devices: int) -> None:
     """422 naming the input when a value derived from it would not be a finite, normal number."""
     source = "tokens_per_sec" if p.tokens_per_sec is not None else "tokens_per_sec_per_device"
     derived = {
@@ -307,7 +274,7 @@ def _check_derived(i: int, p: ImportPoint, summary: Summary, max_num_devices: in
     if bad := [name for name, v in derived.items() if v is not None and not _normal(v)]:
         errors.append(
             FieldError(
-                field=f"points[{i}].{source}",
+                field=f"{field}.{source}",
                 message=(
                     f"{getattr(p, source)} gives {', '.join(bad)} outside the finite float range "
                     "(overflow or underflow)"
@@ -315,12 +282,12 @@ def _check_derived(i: int, p: ImportPoint, summary: Summary, max_num_devices: in
             )
         )
     if not _normal(summary.step_ms_median):
-        field = "step_ms" if p.step_ms is not None else source
+        name = "step_ms" if p.step_ms is not None else source
         errors.append(
             FieldError(
-                field=f"points[{i}].{field}",
+                field=f"{field}.{name}",
                 message=(
-                    f"{getattr(p, field)} gives step_ms_median {summary.step_ms_median} outside the finite float range"
+                    f"{getattr(p, name)} gives step_ms_median {summary.step_ms_median} outside the finite float range"
                 ),
             )
         )
@@ -328,19 +295,218 @@ def _check_derived(i: int, p: ImportPoint, summary: Summary, max_num_devices: in
         raise _bad(errors, "values that would not be finite")
 
 
-def _result(i: int, p: ImportPoint, run: RunSpec, cluster: Cluster, max_num_devices: int) -> RunResult:
-    env = _environment(i, p, cluster)
-    final = p.final_loss if p.final_loss is not None else (p.loss_curve[-1] if p.loss_curve else None)
-    summary = _summary(p, run, env)
-    _check_derived(i, p, summary, max_num_devices)
-    # No StepRecords: db.imports.step_chunks writes the loss curve as the steps (500,000 objects cost seconds).
+def _result(
+    field: str,
+    p: ImportPoint,
+    run: RunSpec,
+    cluster: Cluster,
+    max_num_devices: int,
+    timing: dict[str, Any],
+) -> RunResult:
+    env = _environment(field, p, cluster)
+    final = p.final_loss if p.final_loss is not None else (p.loss_curve[-1][1] if p.loss_curve else None)
+    summary = _summary(p, run, env, timing)
+    _check_derived(field, p, summary, max_num_devices)
+    # No StepRecords: db.imports.step_chunks writes the curves as the steps (500,000 objects cost seconds).
     return RunResult(
         run_key=run.run_key(),
         status="succeeded",
         summary=summary,
-        numerics=Numerics(final_loss=final, loss_curve=p.loss_curve),
+        numerics=Numerics(
+            final_loss=final,
+            loss_curve=[v for _, v in p.loss_curve],
+            eval_curve=[EvalPoint(step=s, loss=v) for s, v in p.eval_curve],
+            data="imported",
+        ),
         environment=env,
     )
+
+
+def _point_steps(p: ImportPoint) -> ImportedSteps:
+    """A JSON point's step rows: its loss curve (no step times: the point gives a median only)."""
+    return ImportedSteps(rows=[(s, v, None, 0, False) for s, v in p.loss_curve], evals=list(p.eval_curve))
+
+
+# ------------------------------------------------------------------------------------------------- logs
+
+
+@dataclass(frozen=True)
+class _FromLog:
+    point: ImportPoint
+    steps: ImportedSteps
+    timing: dict[str, Any]  # Summary fields the log's timed steps give (their count, range, how they were taken)
+
+
+def _tokens_per_step(body: ImportHead, log: ImportLog, field: str) -> int:
+    """Global tokens per step of the log's point, as the experiment's batch settings give it (the matrix gives
+    the same: tested by the import itself)."""
+    if body.scaling == "strong":
+        if body.global_batch_size is None:
+            raise _bad([FieldError(field="global_batch_size", message="required for scaling 'strong'")])
+        return body.global_batch_size * body.seq_len
+    try:
+        degrees = resolve_layout(log.layout, log.num_devices)
+    except ValueError as exc:
+        raise _bad([FieldError(field=f"{field}.layout", message=str(exc))]) from exc
+    return (body.local_batch_size or 1) * degrees.dp_degree * body.seq_len
+
+
+def _from_log(body: LogsImport, i: int, log: ImportLog) -> _FromLog:
+    """An ImportPoint (and its step rows) from one log: the median step time of its timed steps, its loss per
+    step, its held-out losses. 422 naming logs[i] when the log holds nothing readable or disagrees with the
+    experiment's batch."""
+    field = f"logs[{i}]"
+    engine = log.engine or DEFAULT_LOG_ENGINES[log.format]
+    tokens_per_step = _tokens_per_step(body, log, field)
+    parsed = read_log(log.format, log.text.splitlines(), tokens_per_step=tokens_per_step, num_devices=log.num_devices)
+    timed = [(r.step, r.step_ms) for r in parsed.steps if r.step_ms is not None and r.step_ms > 0]
+    if not timed:
+        raise _bad(
+            [
+                FieldError(
+                    field=f"{field}.text",
+                    message=f"no training step with a step time that the {log.format} parser can read "
+                    f"({len(log.text.splitlines())} lines)",
+                    allowed=[_LOG_LINE_EXAMPLES[log.format]],
+                )
+            ]
+        )
+    errors = []
+    if parsed.global_batch_size is not None and parsed.global_batch_size * body.seq_len != tokens_per_step:
+        errors.append(
+            FieldError(
+                field=f"{field}.text",
+                message=(
+                    f"the log's global batch size {parsed.global_batch_size} x seq_len {body.seq_len} = "
+                    f"{parsed.global_batch_size * body.seq_len} tokens per step, but the experiment's batch gives "
+                    f"{tokens_per_step} (local_batch_size {body.local_batch_size or 1} x data-parallel ranks x "
+                    f"seq_len; strong scaling: global_batch_size x seq_len): set local_batch_size or "
+                    "global_batch_size and seq_len to the run's"
+                ),
+            )
+        )
+    if len(parsed.steps) > MAX_CURVE_POINTS or len(parsed.evals) > MAX_CURVE_POINTS:
+        errors.append(
+            FieldError(
+                field=f"{field}.text",
+                message=f"{len(parsed.steps)} logged steps and {len(parsed.evals)} evaluations; at most "
+                f"{MAX_CURVE_POINTS} of each per log (log less often, e.g. Megatron's --log-interval 10)",
+            )
+        )
+    last = max([r.step for r in parsed.steps[-1:]] + [s for s, _ in parsed.evals[-1:]], default=0)
+    if last > MAX_STEP:
+        errors.append(
+            FieldError(field=f"{field}.text", message=f"step {last} is beyond the {MAX_STEP} an experiment holds")
+        )
+    if errors:
+        raise _bad(errors)
+    warmup = min(log.warmup_steps, len(timed) - 1)  # at least one timed step
+    timed_ms = [ms for _, ms in timed[warmup:]]
+    median_ms = statistics.median(timed_ms)
+    warm_steps = {step for step, _ in timed[:warmup]}
+    try:
+        point = ImportPoint(
+            num_devices=log.num_devices,
+            precision=log.precision,
+            layout=log.layout,
+            engine=engine,
+            seed=log.seed,
+            repeat=log.repeat,
+            tokens_per_sec=tokens_per_step / median_ms * 1000.0,
+            step_ms=median_ms,
+            loss_curve=[(r.step, r.loss) for r in parsed.steps if r.loss is not None],
+            eval_curve=[(s, v) for s, v in parsed.evals if v is not None],
+            environment=log.environment,
+        )
+    except ValidationError as exc:
+        raise _bad(
+            [FieldError(field=f"{field}.{e.field}", message=e.message) for e in validation_errors(exc.errors())]
+        ) from exc
+    rows = [(r.step, r.loss, r.step_ms, tokens_per_step, r.step in warm_steps) for r in parsed.steps]
+    timing = {
+        "num_timed_steps": len(timed_ms),
+        "step_ms_min": min(timed_ms),
+        "step_ms_max": max(timed_ms),
+        "step_time_source": f"imported log:{log.format} (median of the logged steps after the first {warmup})",
+    }
+    return _FromLog(point, ImportedSteps(rows=rows, evals=list(point.eval_curve)), timing)
+
+
+_LOG_LINE_EXAMPLES = {
+    "megatron": " iteration      100/    1000 | consumed samples: ... | elapsed time per iteration (ms): 431.5 | ... "
+    "| lm loss: 5.120000E+00 |",
+    "torchtitan": "step: 100  loss:  5.1200  grad_norm: ...  memory: ...GiB(...%)  tps: 18,585  tflops: ...  mfu: ...%",
+    "jsonl": '{"step": 99, "step_ms": 431.5, "loss": 5.12}',
+}
+
+
+# ------------------------------------------------------------------------------------------------ write
+
+
+def _write(
+    session: Session,
+    spec: ExperimentSpec,
+    runs: list[RunSpec],
+    results: list[RunResult],
+    steps: list[ImportedSteps],
+    response: Response,
+) -> dict:
+    """Store the experiment in bounded transactions (db.imports): the head, results, steps and loss curves in
+    chunks, then the runs' finish times."""
+    exp, run_ids = record_imported(session, spec, runs, results)
+    session.commit()
+    for pairs in result_chunks(run_ids, results):
+        pause_for_other_writers(session)
+        store_results(session, pairs)
+        session.commit()
+    for rows in step_chunks(run_ids, steps):
+        pause_for_other_writers(session)
+        insert_steps(session, rows)
+        session.commit()
+    for curves in curve_chunks(run_ids, steps):
+        pause_for_other_writers(session)
+        insert_loss_curves(session, curves)
+        session.commit()
+    finish_imported(session, run_ids)
+    session.commit()
+    response.headers["Location"] = f"/experiments/{exp.id}"
+    briefs = [
+        RunBrief(
+            id=i,
+            run_key=r.run_key(),
+            engine=r.engine,
+            precision=r.precision,
+            layout=r.layout,
+            num_devices=r.num_devices,
+            seed=r.seed,
+            repeat=r.repeat,
+            status="succeeded",
+        )
+        for i, r in zip(run_ids, runs)
+    ]
+    return experiment_read(exp, db.experiments.experiment_status(session, exp.id)) | {"runs": briefs}
+
+
+def _import_points(
+    session: Session,
+    body: ImportHead,
+    points: list[ImportPoint],
+    clusters: dict[str, Cluster],
+    response: Response,
+    *,
+    field: str,
+    steps: list[ImportedSteps] | None = None,
+    timings: list[dict[str, Any]] | None = None,
+) -> dict:
+    _check_sizes(points, field)
+    max_n = max(p.num_devices for p in points)
+    cluster = _cluster(body, clusters, max_n)
+    runs = _match_points(points, cluster, _spec(body, points, engines=[DEFAULT_ENGINE]), field)
+    results = [
+        _result(f"{field}[{i}]", p, r, cluster, max_n, timing)
+        for i, (p, r, timing) in enumerate(zip(points, runs, timings or [{}] * len(points)))
+    ]
+    return _write(session, _spec(body, points), runs, results, steps or [_point_steps(p) for p in points], response)
 
 
 @router.post(
@@ -348,7 +514,7 @@ def _result(i: int, p: ImportPoint, run: RunSpec, cluster: Cluster, max_num_devi
     status_code=201,
     response_model=ImportRead,
     responses={**WRITE_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
-    summary="Import runs measured elsewhere (a published table, another trainer's logs)",
+    summary="Import runs measured elsewhere (a published table, another trainer's results)",
 )
 def import_experiment(
     body: Annotated[ExperimentImport, Body()],
@@ -358,40 +524,43 @@ def import_experiment(
     response: Response,
 ) -> Any:
     """Stores an experiment (source `import`) whose runs are succeeded and flagged `imported`, each with a
-    summary (MFU when the device is in the peak table, else none, with the reason), its loss curve as
-    step records, and its environment. The scaling, losses and compare endpoints then treat it like any
-    measured experiment."""
-    if sum(len(p.loss_curve) for p in body.points) > MAX_TOTAL_CURVE_POINTS:
-        raise _bad([FieldError(field="points", message=f"more than {MAX_TOTAL_CURVE_POINTS} loss-curve points in all")])
-    cluster = _cluster(body, clusters)
-    spec = _spec(body)
-    runs = _match_points(body, cluster, spec)
-    max_n = max(p.num_devices for p in body.points)
-    results = [_result(i, p, r, cluster, max_n) for i, (p, r) in enumerate(zip(body.points, runs))]
-    # Bounded transactions (db.imports): the head, results and steps in chunks, then the runs' finish times.
-    exp, run_ids = record_imported(session, spec, runs, results)
-    session.commit()
-    for pairs in result_chunks(run_ids, results):
-        pause_for_other_writers(session)
-        store_results(session, pairs)
-        session.commit()
-    for rows in step_chunks(run_ids, results):
-        pause_for_other_writers(session)
-        insert_steps(session, rows)
-        session.commit()
-    finish_imported(session, run_ids)
-    session.commit()
-    response.headers["Location"] = f"/experiments/{exp.id}"
-    briefs = [
-        RunBrief(
-            id=i,
-            run_key=r.run_key(),
-            precision=r.precision,
-            layout=r.layout,
-            num_devices=r.num_devices,
-            repeat=r.repeat,
-            status="succeeded",
-        )
-        for i, r in zip(run_ids, runs)
-    ]
-    return experiment_read(exp, db.experiments.experiment_status(session, exp.id)) | {"runs": briefs}
+    summary (MFU when the device is in the peak table, else none, with the reason), its engine and seed, its
+    loss curve (as step records and in the loss-curve table, as a measured run's), its held-out curve and its
+    environment. The scaling report (with the fp8 loss verdict), the losses and compare endpoints then treat
+    it like any measured experiment. A point's engine is a label: it is not checked against what the cluster
+    offers (the run already happened); device and layout rules apply as to a submitted experiment."""
+    return _import_points(session, body, body.points, clusters, response, field="points")
+
+
+@router.post(
+    "/import/logs",
+    status_code=201,
+    response_model=ImportRead,
+    responses={**WRITE_RESPONSES, 201: {"description": "Created; Location names the experiment."}},
+    summary="Import the training logs of runs made elsewhere (Megatron-LM / Primus, TorchTitan, JSON lines)",
+)
+def import_logs(
+    body: Annotated[LogsImport, Body()],
+    session: SessionDep,
+    clusters: ClustersDep,
+    _auth: WriteAuth,
+    response: Response,
+) -> Any:
+    """One log per run, with the point it measured (precision, layout, N, engine, seed): each becomes an
+    imported run with its throughput (global tokens per step / the median step time of its logged steps after
+    `warmup_steps`; TorchTitan's tps is per device), its loss per logged step and its held-out losses. The
+    experiment's seq_len and batch (local_batch_size, or global_batch_size for strong scaling) give the tokens
+    per step; a Megatron log states its global batch size and must agree. A log with no readable step, or one
+    that disagrees, is refused with a 422 naming `logs[i].text`. `scalebench import LOG... --format ...` posts
+    here."""
+    converted = [_from_log(body, i, log) for i, log in enumerate(body.logs)]
+    return _import_points(
+        session,
+        body,
+        [c.point for c in converted],
+        clusters,
+        response,
+        field="logs",
+        steps=[c.steps for c in converted],
+        timings=[c.timing for c in converted],
+    )

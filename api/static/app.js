@@ -73,7 +73,7 @@ const CHARTS = [
   ["engine", "Engine ratio R(N)", "X_engine / X_scalebench at the same precision, layout and N; dashed: 1×"],
   ["mfu", "MFU", "% of the device's dense bf16 peak (fp8 runs too)"],
   ["memory", "Peak memory", "GiB allocated, max over ranks"],
-  ["loss", "Loss: fp8 vs bf16", "training loss per step, one run per precision and layout"],
+  ["loss", "Loss: fp8 vs bf16", "training loss per step; several seeds: their mean and a band from min to max"],
 ];
 
 function experimentPage(id) {
@@ -87,19 +87,19 @@ function experimentPage(id) {
     <th>error</th></tr></thead><tbody></tbody></table></div>`;
   let lossN = null;
   const lossSelect = document.getElementById("loss-n");
-  lossSelect.addEventListener("change", () => { lossN = Number(lossSelect.value); drawLosses(bodies.get(`/experiments/${id}/losses`), lossN); });
+  lossSelect.addEventListener("change", () => { lossN = Number(lossSelect.value); drawLosses(bodies.get(`/experiments/${id}/losses?repeats=first`), lossN); });
   loop(async () => {
     const exp = await poll(`/experiments/${id}`);
     if (!exp.changed) return;  // nothing moved: no other request, no re-render
     stats.renders++;
     renderHead(exp.data);
     const [runs, scaling, losses, breakdown] = await Promise.all([poll(`/experiments/${id}/runs?limit=1000`),
-      poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses`), poll(`/experiments/${id}/breakdown`)]);
+      poll(`/experiments/${id}/scaling`), poll(`/experiments/${id}/losses?repeats=first`), poll(`/experiments/${id}/breakdown`)]);
     if (runs.changed) renderRuns(runs.data.items);
     if (breakdown.changed) SBBreakdown.render(document.getElementById("chart-breakdown"), breakdown.data);
     if (scaling.changed) { renderScaling(scaling.data); lossVerdicts = scaling.data.speedups || []; }
     if (losses.changed) lossN = fillLossSelect(lossSelect, losses.data, lossN);
-    if (losses.changed || scaling.changed) drawLosses(bodies.get(`/experiments/${id}/losses`) || losses.data, lossN);
+    if (losses.changed || scaling.changed) drawLosses(bodies.get(`/experiments/${id}/losses?repeats=first`) || losses.data, lossN);
     if (window.SBProjection) await SBProjection.update(id, exp.data.cluster);  // projection.js: dashed projected points (last: one more request)
   });
 }
@@ -209,20 +209,55 @@ function verdictWindows(curves, n) {
     });
 }
 
+// The seeds of one (engine, precision, layout) at N: a line through the mean of the seeds and a shaded band from
+// their min to their max at every step all of them logged (each seed's own line when their steps differ).
+const SEED_BAND_ALPHA = "33";
+
+function seedDatasets(group, label, color, dash) {
+  const counted = { borderColor: color, backgroundColor: color, borderDash: dash, pointRadius: 0, _count: true };
+  const seeds = group.map((c) => c.seed ?? 0);
+  if (group.length === 1) {
+    return [{ label, data: group[0].steps.map((s, j) => ({ x: s, y: group[0].losses[j] })), borderWidth: 1.6, ...counted }];
+  }
+  const byStep = group.map((c) => new Map(c.steps.map((s, j) => [s, c.losses[j]])));
+  const steps = group[0].steps.filter((s) => byStep.every((m) => Number.isFinite(m.get(s))));
+  if (steps.length < 2) {  // no common steps: every seed's own line
+    return group.map((c, i) => ({ label: `${label} · seed ${seeds[i]}`, data: c.steps.map((s, j) => ({ x: s, y: c.losses[j] })),
+      borderWidth: 1, ...counted }));
+  }
+  const at = (f) => steps.map((s) => ({ x: s, y: f(byStep.map((m) => m.get(s))) }));
+  const band = (f, fill) => ({ label: `${label}: seed range`, data: at(f), borderColor: "transparent",
+    backgroundColor: `${color}${SEED_BAND_ALPHA}`, pointRadius: 0, fill, _band: true, _seedBand: true });
+  const mean = (ys) => ys.reduce((a, b) => a + b, 0) / ys.length;
+  return [band((ys) => Math.min(...ys), false), band((ys) => Math.max(...ys), "-1"),
+    { label: `${label} (mean of ${group.length} runs: seeds ${[...new Set(seeds)].join(", ")}; band: min–max)`,
+      data: at(mean), borderWidth: 1.6, ...counted }];
+}
+
 function drawLosses(losses, n) {
   const el = document.getElementById("chart-loss");
   const curves = losses ? losses.curves.filter((c) => c.num_devices === n) : [];
   if (!curves.length) return SB.emptyChart(el, "no loss curve yet");
   const layouts = [...new Set(curves.map((c) => c.layout))].sort();
   const multiEngine = new Set(curves.map((c) => c.engine || "scalebench")).size > 1;
-  const datasets = curves.map((c, i) => ({ label: `${multiEngine ? `${c.engine} · ` : ""}${c.precision} · ${c.layout}${c.repeat ? ` (repeat ${c.repeat})` : ""}`,
-    data: c.steps.map((s, j) => ({ x: s, y: c.losses[j] })), borderColor: SB.colorOf(c.precision, i),
-    backgroundColor: SB.colorOf(c.precision, i), borderDash: SB.LAYOUT_DASHES[layouts.indexOf(c.layout) % 4],
-    pointRadius: 0, borderWidth: 1.6, _count: true }));
+  const groups = new Map();  // (engine, precision, layout) -> its runs: every seed and repeat
+  curves.forEach((c) => {
+    const key = `${c.engine || "scalebench"}|${c.precision}|${c.layout}`;
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(c);
+  });
+  const datasets = [...groups.values()].flatMap((group, i) => {
+    const c = group[0];
+    const label = `${multiEngine ? `${c.engine} · ` : ""}${c.precision} · ${c.layout}`;
+    return seedDatasets(group, label, SB.colorOf(c.precision, i), SB.LAYOUT_DASHES[layouts.indexOf(c.layout) % 4]);
+  });
   datasets.push(...verdictWindows(curves, n));
   const opts = SB.chartOptions({ type: "linear", title: { display: true, text: `step (N=${n} GPUs)` } },
     { type: "linear", title: { display: true, text: "training loss" } }, "");
+  const legend = opts.plugins && opts.plugins.legend;
+  if (legend) legend.labels = { ...(legend.labels || {}), filter: (item, data) => !data.datasets[item.datasetIndex]._band };
   SB.drawChart(el, "line", { datasets }, opts);
+  el.dataset.seedBands = String(datasets.filter((d) => d._seedBand).length / 2);
 }
 
 // ------------------------------------------------------------------------------------------ compare

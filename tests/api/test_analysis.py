@@ -215,10 +215,13 @@ def test_loss_curves_thinned_in_sql(pg_session_factory) -> None:
     with pg_session_factory() as s:
         curves = db.points.loss_curves(s, exp_id)
         small = db.points.loss_curves(s, exp_id, max_points=7, num_devices=1)
-    assert len(curves) == 6 and {c.repeat for c in curves} == {0}  # one run per (precision, layout, N)
+        firsts = db.points.loss_curves(s, exp_id, every_repeat=False)
+    assert len(firsts) == 6 and {c.repeat for c in firsts} == {0}  # the first repeat of each point and seed
+    # every run: 2 precisions x 3 N x 2 repeats, the repeats of a point side by side
+    assert len(curves) == 12 and [c.repeat for c in curves[:2]] == [0, 1]
     assert all(len(c.steps) <= 200 and c.steps[0] == 0 and c.steps[-1] == 1000 for c in curves)
     assert curves[0].num_steps == 1001 and len(curves[0].steps) >= 150
-    assert len(small) == 2 and [len(c.steps) for c in small] == [7, 7]
+    assert len(small) == 4 and [len(c.steps) for c in small] == [7, 7, 7, 7]
     assert small[0].steps == [0, 167, 334, 501, 668, 835, 1000]
 
 

@@ -18,6 +18,11 @@ experiment-level setting), which also exercises /compare.
 
 from __future__ import annotations
 
+import csv
+import io
+import math
+import random
+
 import pytest
 
 from core.catalog.shapes import get_shape
@@ -186,3 +191,113 @@ def _import_raw(client, body: dict) -> dict:
     assert r.status_code == 201, r.text
     assert r.headers["location"] == f"/experiments/{r.json()['id']}"
     return r.json()
+
+
+# ------------------------------------------------------------------------------ curves, seeds, verdicts
+
+
+def _curve(seed: int, scale: float, num_steps: int = 1000, every: int = 1) -> list[list]:
+    """A falling training-loss curve with per-step noise of its seed (same seed: same noise, as paired runs
+    seeing the same batches), times `scale` (fp8's penalty)."""
+    rng = random.Random(seed)
+    noise = [rng.gauss(0.0, 0.02) for _ in range(num_steps)]
+    return [[s, scale * (3.0 + 2.0 * math.exp(-s / 200) + noise[s])] for s in range(0, num_steps, every)]
+
+
+def _seed_points(scale: float, seeds=(0, 1, 2), engine: str = "command:megatron") -> list[dict]:
+    out = []
+    for seed in seeds:
+        for precision, factor in (("bf16", 1.0), ("fp8-rowwise", scale)):
+            out.append(
+                {
+                    "num_devices": 1,
+                    "precision": precision,
+                    "layout": "fsdp",
+                    "engine": engine,
+                    "seed": seed,
+                    "tokens_per_sec": 1000.0 * (1.08 if factor != 1.0 else 1.0),
+                    "loss_curve": [v for _, v in _curve(seed, factor)],  # plain numbers: step 0, 1, 2, ...
+                    "eval_curve": _curve(seed + 100, factor, every=50),  # [step, loss] pairs
+                }
+            )
+    return out
+
+
+def _fp8_verdict(client, exp_id: int) -> dict:
+    rep = r_ok(client.get(f"/experiments/{exp_id}/scaling"))
+    (sp,) = [s for s in rep["speedups"] if s["precision"] == "fp8-rowwise"]
+    return sp
+
+
+def test_imported_curves_and_seeds_get_the_fp8_verdict(client) -> None:
+    """bf16 + fp8 points with 1,000-point curves and 3 seeds: the verdict reads the imported curves (stored
+    where a measured run's are), pairs the seeds and prefers the held-out curve; a 0.1% gap tracks, 3% differs."""
+    close = _import_raw(client, BASE | {"name": "close", "points": _seed_points(1.001)})
+    assert {(r["engine"], r["seed"]) for r in close["runs"]} == {("command:megatron", s) for s in (0, 1, 2)}
+    sp = _fp8_verdict(client, close["id"])
+    assert sp["loss_verdict"] == "tracks", sp["loss_verdict_reason"]
+    assert sp["loss_numerics"]["source"] == "eval" and "no fp8 loss curve" not in sp["loss_verdict_reason"]
+    assert sp["loss_gap"] == pytest.approx(0.001, abs=5e-4)
+
+    far = _import_raw(client, BASE | {"name": "far", "points": _seed_points(1.03)})
+    sp = _fp8_verdict(client, far["id"])
+    assert sp["loss_verdict"] == "differs", sp["loss_verdict_reason"]
+    assert sp["loss_gap"] == pytest.approx(0.03, abs=5e-3)
+
+    run = r_ok(client.get(f"/runs/{close['runs'][1]['id']}"))
+    assert run["engine"] == "command:megatron" and run["seed"] == 0 and run["precision"] == "fp8-rowwise"
+    evals = run["result"]["numerics"]["eval_curve"]
+    assert len(evals) == 20 and evals[0]["step"] == 0
+
+
+def test_losses_serve_every_seed_with_engine_and_csv(client) -> None:
+    exp = _import_raw(client, BASE | {"name": "seeds", "points": _seed_points(1.001)})
+    body = r_ok(client.get(f"/experiments/{exp['id']}/losses?max_points=1000"))
+    got = [(c["precision"], c["seed"], c["engine"]) for c in body["curves"]]
+    assert got == [(p, s, "command:megatron") for p in ("bf16", "fp8-rowwise") for s in (0, 1, 2)]
+    c = body["curves"][0]
+    assert c["steps"] == list(range(1000)) and c["source"] == "store"
+    assert c["eval_steps"] == list(range(0, 1000, 50)) and len(c["eval_losses"]) == 20
+    firsts = r_ok(client.get(f"/experiments/{exp['id']}/losses?repeats=first"))["curves"]
+    assert [(c["precision"], c["seed"]) for c in firsts] == [(p, s) for p, s, _ in got]  # one repeat per seed here
+
+    r = client.get(f"/experiments/{exp['id']}/losses?format=csv&max_points=2000")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert len(rows) == 6 * 1000  # one row per run and step (the eval steps are training steps too)
+    first = rows[0]
+    assert (first["precision"], first["seed"], first["engine"], first["step"]) == ("bf16", "0", "command:megatron", "0")
+    assert float(first["loss"]) == pytest.approx(_curve(0, 1.0)[0][1]) and first["eval_loss"] != ""
+    assert rows[1]["eval_loss"] == ""
+    etag = r.headers["etag"]
+    assert client.get(r.url, headers={"If-None-Match": etag}).status_code == 304
+    assert etag != client.get(f"/experiments/{exp['id']}/losses").headers["etag"]
+
+
+def test_curve_forms_and_their_errors(client) -> None:
+    ok = {"num_devices": 1, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
+    sparse = {"loss_curve": [[0, 5.0], [10, 4.0], [20, 3.5]], "eval_curve": [[9, 4.2], [19, 3.7]]}
+    exp = _import_raw(client, BASE | {"points": [ok | sparse]})
+    (c,) = r_ok(client.get(f"/experiments/{exp['id']}/losses"))["curves"]
+    assert (c["steps"], c["losses"], c["eval_steps"]) == ([0, 10, 20], [5.0, 4.0, 3.5], [9, 19])
+    assert r_ok(client.get(f"/experiments/{exp['id']}"))["spec"]["steps"] == 21
+
+    mixed = _fields(_problem(client, BASE | {"points": [ok | {"loss_curve": [5.0, [1, 4.0]]}]}))
+    assert "every value as a number" in mixed["points[0].loss_curve"]["message"]
+    twice = _fields(_problem(client, BASE | {"points": [ok | {"eval_curve": [[5, 1.0], [5, 2.0]]}]}))
+    assert "step 5 appears twice" in twice["points[0].eval_curve"]["message"]
+    negative = _fields(_problem(client, BASE | {"points": [ok | {"eval_curve": [[-1, 1.0]]}]}))
+    assert any(f.startswith("points[0].eval_curve") for f in negative)
+    engine = _fields(_problem(client, BASE | {"points": [ok | {"engine": "megatron"}]}))
+    assert "command:<name>" in engine["points[0].engine"]["message"]
+    seed = _fields(_problem(client, BASE | {"points": [ok | {"seed": -1}]}))
+    assert "points[0].seed" in seed
+    dup = _fields(_problem(client, BASE | {"points": [ok | {"seed": 1}, ok | {"seed": 1}]}))
+    assert "seed and repeat as points[0]" in dup["points[1]"]["message"]
+    # the same point under two seeds or two engines is two runs
+    two = _import_raw(client, BASE | {"points": [ok, ok | {"seed": 1}, ok | {"engine": "torchtitan"}]})
+    assert sorted((r["engine"], r["seed"]) for r in two["runs"]) == [
+        ("scalebench", 0),
+        ("scalebench", 1),
+        ("torchtitan", 0),
+    ]

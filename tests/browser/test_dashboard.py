@@ -179,3 +179,42 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
     assert not any("80% interval" in text for text in legend)  # the bands stay out of the legend
     page.locator("#chart-efficiency").screenshot(path=str(ARTIFACTS / "dashboard-projection-band.png"))
     assert not errors, errors
+
+
+def test_loss_chart_shows_the_seed_spread(server, api_token, browser_page) -> None:
+    """An import of bf16 and fp8 with 3 seeds each: the loss chart draws, per precision, the mean of the seeds
+    and a shaded band from their min to their max (kept out of the legend)."""
+    page, errors = browser_page
+    points = [
+        {
+            "num_devices": 1,
+            "precision": precision,
+            "layout": "fsdp",
+            "seed": seed,
+            "tokens_per_sec": 1000.0,
+            "loss_curve": [offset + 3.0 + 2.0 / (1 + s / 20) + 0.05 * seed for s in range(100)],
+        }
+        for precision, offset in (("bf16", 0.0), ("fp8-rowwise", 0.02))
+        for seed in (0, 1, 2)
+    ]
+    body = {"name": "seed spread", "model": "debug", "cluster": "local-cpu", "seq_len": 256, "points": points}
+    r = httpx.post(f"{server}/experiments/import", json=body, headers={"Authorization": f"Bearer {api_token}"})
+    assert r.status_code == 201, r.text
+    page.goto(f"{server}/?poll_ms={POLL_MS}#/experiments/{r.json()['id']}")
+    page.wait_for_selector("#chart-loss[data-seed-bands='2']", timeout=15_000)
+    assert _attr(page, "#chart-loss", "data-points") == "200"  # the two mean lines, 100 steps each
+    drawn = page.evaluate("""Chart.getChart(document.querySelector('#chart-loss canvas')).data.datasets
+        .filter(d => d._seedBand || d._count).map(d => ({band: !!d._band, label: d.label, y: d.data.map(p => p.y)}))""")
+    low, high, mean = drawn[:3]
+    assert low["band"] and high["band"] and not mean["band"] and "seeds 0, 1, 2" in mean["label"]
+    assert (
+        low["y"][0] == pytest.approx(5.0) and high["y"][0] == pytest.approx(5.1) and mean["y"][0] == pytest.approx(5.05)
+    )
+    legend = page.evaluate(
+        "Chart.getChart(document.querySelector('#chart-loss canvas')).legend.legendItems.map(i => i.text)"
+    )
+    assert not any("seed range" in text for text in legend)
+    assert len([t for t in legend if "mean of 3 runs" in t]) == 2 and any(t.startswith("window fp8") for t in legend)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#chart-loss").screenshot(path=str(ARTIFACTS / "dashboard-loss-seeds.png"))
+    assert not errors, errors
