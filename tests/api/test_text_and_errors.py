@@ -58,15 +58,20 @@ def serving_with_a_failing_route(settings: Settings) -> Iterator[int]:
 def test_after_a_500_the_same_keep_alive_connection_answers(test_settings) -> None:
     with serving_with_a_failing_route(test_settings) as port:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        local_ends = []  # (address, port) of our end of the socket each answer came on
         for path, status in (("/fails", 500), ("/healthz", 200), ("/fails", 500), ("/healthz", 200)):
             conn.request("GET", path)
+            assert conn.sock is not None
+            local_ends.append(conn.sock.getsockname())
             r = conn.getresponse()
             body = r.read()
             assert r.status == status, (path, body)
+            assert not r.will_close, (path, r.getheader("connection"))
             if status == 500:
                 assert r.getheader("content-type") == "application/problem+json"
                 assert json.loads(body)["detail"] == "internal error: RuntimeError"
-        assert conn.sock is not None  # one connection all along
+        # http.client reconnects silently after a closed connection: a new socket would have a new local port
+        assert len(set(local_ends)) == 1, local_ends
         conn.close()
 
 
