@@ -3,7 +3,9 @@
 The published table is torchtitan's FSDP weak-scaling table (tests/api/test_import.py quotes it): Llama 3.1 8B,
 H100 on Grand Teton hosts (8 GPUs per node, 400 Gbit/s per GPU across nodes), seq 8192, local batch 2. The
 cluster below describes that network (H100 HGX platform + 400G InfiniBand); the projection starts from the
-8-GPU point alone and is checked against the published E(128) = 97.28 / 97.71 / 98.22%.
+8-GPU point alone and is pinned to the published E(128) = 97.28 / 97.71 / 98.22%: the table is in the fitting
+set of the shipped constants, so this pins the in-sample answer through the API (out-of-sample misses are
+measured by bench/projection_validation.py).
 """
 
 from __future__ import annotations
@@ -102,7 +104,10 @@ def _points(body: dict, precision: str) -> dict[int, dict]:
     return {p["num_devices"]: p for p in s["points"]}
 
 
-def test_torchtitan_fsdp_table_projected_from_8_gpus_to_128(api) -> None:
+def test_in_sample_pin_torchtitan_fsdp_table_projected_from_8_gpus_to_128(api) -> None:
+    """The published table through import and GET /projection: an in-sample pin (the table is one of the
+    series the constants are fitted on), so its 2 pp bound guards drift and says nothing about accuracy on
+    unseen clusters."""
     eager = _import(api, "torchtitan FSDP eager", [("eager", "bf16")], False)
     compiled = _import(api, "torchtitan FSDP compile", [("compile", "bf16"), ("float8", "fp8-tensorwise")], True)
     got, both = {}, [("compile", "bf16"), ("float8", "fp8-tensorwise")]
@@ -125,7 +130,7 @@ def test_torchtitan_fsdp_table_projected_from_8_gpus_to_128(api) -> None:
             assert widths[0] == 0 < widths[1] < widths[2] and not p[1024]["beyond_validated"]
             assert p[128]["efficiency_low"] <= PUBLISHED_E128[technique] / 100 <= p[128]["efficiency_high"]
             got[technique] = 100 * p[128]["efficiency"]
-    for technique, published in PUBLISHED_E128.items():  # fitted with 15 other series: within 2 pp here
+    for technique, published in PUBLISHED_E128.items():  # in sample: the table is in the fitting set
         assert abs(got[technique] - published) < 2.0, (technique, got[technique], published)
     fp8 = _points(_ok(api.get(f"/experiments/{compiled}/projection?cluster=grand-teton-h100")), "fp8-tensorwise")
     assert fp8[128]["fp8_speedup"] > 1.2 and fp8[1024]["beyond_cluster"] is True  # 16 nodes configured

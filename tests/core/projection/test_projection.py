@@ -225,7 +225,10 @@ def test_straggler_term_and_solver():
 
 
 @pytest.mark.parametrize("technique", TORCHTITAN)
-def test_torchtitan_fsdp_efficiency_at_128_projected_from_the_8_gpu_point(technique):
+def test_in_sample_pin_torchtitan_fsdp_efficiency_at_128_from_the_8_gpu_point(technique):
+    """An in-sample pin, not a validation: this table is in the set the shipped constants are fitted on, so the
+    check guards against drift of the model or its constants. The out-of-sample miss (each source left out of
+    the fit) is measured by bench/projection_validation.py."""
     precision, x8, x128, published_pct = TORCHTITAN[technique]
     report = projected(runs({8: x8, 128: x128}, precision), [8, 128])
     p = pts(report, precision)
