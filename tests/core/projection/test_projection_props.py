@@ -251,8 +251,26 @@ def test_build_plan_is_total(x0, tokens, cost, max_gpus, min_eff):
 @given(measured=st.lists(counts, max_size=6), max_gpus=counts)
 def test_plan_counts_double_up_to_the_cap(measured, max_gpus):
     out = plan_counts(measured, max_gpus)
+    if not measured:
+        assert out == []
+        return
     assert out == sorted(set(out)) and all(1 <= n <= max_gpus for n in out)
-    assert {n for n in measured if n <= max_gpus} <= set(out)
+    within = {n for n in measured if n <= max_gpus}
+    assert within <= set(out)
+    # the doubling chain of the smallest measured N, written out here: n0, 2 n0, 4 n0, ... while <= the cap
+    n0 = min(measured)
+    chain = [n0 * 2**k for k in range(64) if n0 * 2**k <= max_gpus]
+    assert set(chain) <= set(out)
+    assert set(out) == within | set(chain)  # nothing else
+    if chain:
+        assert chain[-1] * 2 > max_gpus  # doubled all the way up to the cap
+
+
+def test_plan_counts_double_from_the_smallest_measured_count():
+    assert plan_counts([3, 8], 40) == [3, 6, 8, 12, 24]
+    assert plan_counts([8, 1], 8) == [1, 2, 4, 8]
+    assert plan_counts([16], 8) == []
+    assert plan_counts([], 1024) == []
 
 
 @FAST
