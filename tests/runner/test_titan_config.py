@@ -4,7 +4,8 @@ Every layout (fsdp, ddp, hsdp:shard=2, tp=2, tp=2+fsdp) x precision (bf16 and th
 N = 1, 2, 4, 8: a point TorchTitan can run gets a TOML that TorchTitan's ConfigManager parses into exactly the
 RunSpec's degrees, recipe, sequence length, batch, steps, compile, activation checkpointing and fp8 all-gather;
 a point it cannot run is refused with one reason by runner.titan_config (the run) and
-core.engines.registry.engine_reason (POST time). TorchTitan is asked in one subprocess (tests/runner/titan_probe.py,
+core.engines.registry.engine_reason (POST time), and the refusals agree with TorchTitan's own ParallelDims,
+maybe_enable_amp and parallelize_llama checks. TorchTitan is asked in one subprocess (tests/runner/titan_probe.py,
 a few seconds); without the `torchtitan` package (the dev extra installs it) those tests skip and say so.
 """
 
@@ -76,7 +77,36 @@ def grid() -> list[RunSpec]:
 
 
 def key(spec: RunSpec) -> str:
-    return f"{spec.precision}/{spec.layout}/N={spec.num_devices}"
+    return f"{spec.precision}/{spec.layout}/N={spec.num_devices}" + (
+        "" if spec.seq_len in (2048, 4096) else f"/seq={spec.seq_len}"
+    )
+
+
+def seq_len_points() -> list[RunSpec]:
+    """Sequence lengths on either side of TorchTitan's divisor (2 x tp)."""
+    return [
+        gpu_spec("bf16", "tp=2+fsdp", 4, seq_len=2050),
+        gpu_spec("bf16", "tp=2+fsdp", 4, seq_len=2052),
+        gpu_spec("fp8-rowwise", "tp=2+fsdp", 8, seq_len=2054),
+        gpu_spec("bf16", "fsdp", 2, seq_len=2049),
+        gpu_spec("bf16", "ddp", 4, seq_len=2050),
+    ]
+
+
+def titan_point(spec: RunSpec) -> dict[str, int]:
+    d = spec.degrees
+    return dict(
+        dp_replicate=d.dp_replicate, dp_shard=d.dp_shard, tp=d.tp, world_size=d.world_size, seq_len=spec.seq_len
+    )
+
+
+def titan_refusal(answer: dict) -> str | None:
+    """Why TorchTitan's own code refuses a point or cannot run it as we mean it (bf16 mixed precision), or None."""
+    if answer["parallel_dims_error"]:
+        return f"ParallelDims: {answer['parallel_dims_error']}"
+    if answer["mixed_precision"] is None:
+        return "maybe_enable_amp: mixed precision off"
+    return answer["seq_len_error"]
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +123,7 @@ def titan(tmp_path_factory) -> dict:
             tomls[key(spec)] = str(path)
     request = {
         "tomls": tomls,
+        "points": {key(spec): titan_point(spec) for spec in grid() + seq_len_points()},
         "flavors": ["debug_2L", "8b_4L", "1b_16L", "1b_2L_v23000"],
         "data": {
             "model": "debug",
@@ -130,8 +161,25 @@ def test_the_grid_has_runnable_and_refused_points():
     assert reasons["fp8-rowwise/tp=2+fsdp/N=4"] is None and reasons["fp8-rowwise-gw-hp/tp=2+fsdp/N=8"] is None
 
 
+@needs_torchtitan
+@pytest.mark.parametrize("spec", grid() + seq_len_points(), ids=key)
+def test_a_point_we_refuse_is_one_torchtitan_refuses(titan, spec):
+    """Against TorchTitan 0.2.2's own code (ParallelDims, maybe_enable_amp, parallelize_llama's seq_len check,
+    run by tests/runner/titan_probe.py): a point runner.titan_config refuses is one TorchTitan refuses or would
+    train otherwise than we mean (fp32 instead of bf16 mixed precision), and a point it accepts TorchTitan runs."""
+    ours = titan_config.run_reason(spec)
+    theirs = titan_refusal(titan["points"][key(spec)])
+    assert (ours is None) == (theirs is None), (ours, theirs)
+    if theirs is not None and "mixed precision off" in theirs:
+        assert "mixed precision off" in ours
+    if theirs is not None and "Sequence length" in theirs:
+        assert "seq_len divisible by 2 x tp" in ours
+
+
 @pytest.mark.parametrize("spec", grid(), ids=key)
 def test_titan_config_and_engine_reason_give_one_verdict(spec):
+    """The run and POST time refuse through one rule; this checks the wiring (same arguments, same text), not the
+    rule: test_a_point_we_refuse_is_one_torchtitan_refuses checks the rule against TorchTitan."""
     reason = titan_config.run_reason(spec)
     post = engine_reason(
         "torchtitan",

@@ -2,10 +2,12 @@
 
     python -m tests.runner.titan_probe < request.json > answer.json
 
-Request: {"tomls": {id: path}, "flavors": [name], "data": {"flavor", "seq_len", "local_batch_size", "seed",
-"dp_rank"}}. Answer: {"configs": {id: JobConfig as a dict, or {"error": text}}, "flavors": {name: {"args":
+Request: {"tomls": {id: path}, "flavors": [name], "points": {id: {"dp_replicate", "dp_shard", "tp",
+"world_size", "seq_len"}}, "data": {"flavor", "seq_len", "local_batch_size", "seed", "dp_rank"}}.
+Answer: {"configs": {id: JobConfig as a dict, or {"error": text}}, "flavors": {name: {"args":
 TransformerModelArgs as a dict, "num_params": parameters of TorchTitan's llama3 Transformer built on the meta
-device}}, "batch": the first (inputs, labels) of the train spec's dataloader as lists, "torchtitan": version}.
+device}}, "points": {id: what ParallelDims, maybe_enable_amp and parallelize_llama's first check say},
+"batch": the first (inputs, labels) of the train spec's dataloader as lists, "torchtitan": version}.
 
 Engine parity ("parity": {"model", "num_layers", "vocab_size", "seq_len", "local_batch_size", "seed",
 "dp_world_size", "dp_rank", "data_path", "steps"}): the job config TorchTitan parses for a token file; the batches
@@ -15,7 +17,8 @@ the TrainSpec's model class, init_weights under no_grad, on the CPU in fp32) as 
 and the mean loss of TorchTitan's loss function (sum over tokens / tokens, as forward_backward_step) on each
 of those batches with those initial weights ("losses").
 
-Everything is TorchTitan's own code (ConfigManager, the registered TrainSpec, Transformer) with one exception:
+Everything is TorchTitan's own code (ConfigManager, the registered TrainSpec, Transformer, ParallelDims,
+maybe_enable_amp, parallelize_llama) with one exception:
 where Triton is not installed (CPU builds of torch come without it), the module torchtitan.models.moe.kernels
 is given as a stand-in before TorchTitan is imported. TorchTitan 0.2.2's package __init__ reaches it through
 the float8 converter (`import triton` and two @triton.jit MoE kernels at module level), so without Triton even
@@ -44,6 +47,41 @@ def _kernels_stand_in() -> None:
     sys.modules[module.__name__] = module
 
 
+def _point(point: dict) -> dict:
+    """What TorchTitan's own code says of one point (degrees, seq_len), short of building a device mesh:
+    ParallelDims' validation, maybe_enable_amp (whether bf16 mixed precision is on, and by what), and the
+    seq_len assertion that opens parallelize_llama (called with no model: it stops right after that check)."""
+    import torch
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.utils import maybe_enable_amp
+    from torchtitan.models.llama3.infra.parallelize import parallelize_llama
+
+    try:
+        dims = ParallelDims(
+            dp_replicate=point["dp_replicate"],
+            dp_shard=point["dp_shard"],
+            cp=1,
+            tp=point["tp"],
+            pp=1,
+            ep=1,
+            etp=1,
+            world_size=point["world_size"],
+        )
+    except AssertionError as exc:
+        return {"parallel_dims_error": str(exc)}
+    amp = maybe_enable_amp(dims, "bfloat16", "cuda")
+    mixed_precision = "fully_shard" if dims.fsdp_enabled else "autocast" if isinstance(amp, torch.autocast) else None
+    job = types.SimpleNamespace(training=types.SimpleNamespace(seq_len=point["seq_len"]))
+    try:
+        parallelize_llama(None, dims, job)
+        seq_len_error = None
+    except AssertionError as exc:
+        seq_len_error = " ".join(str(exc).split())
+    except Exception:  # noqa: BLE001 - past the seq_len check, it needs a model and a mesh we do not build
+        seq_len_error = None
+    return {"parallel_dims_error": None, "mixed_precision": mixed_precision, "seq_len_error": seq_len_error}
+
+
 def main() -> int:
     request = json.load(sys.stdin)
     _kernels_stand_in()
@@ -55,7 +93,7 @@ def main() -> int:
     from runner import titan_spec
     from runner.titan_config import MODEL_NAME, cli_args, flavor_name
 
-    answer: dict = {"torchtitan": torchtitan.__version__, "configs": {}, "flavors": {}}
+    answer: dict = {"torchtitan": torchtitan.__version__, "configs": {}, "flavors": {}, "points": {}}
     for key, path in request.get("tomls", {}).items():
         try:
             config = ConfigManager().parse_args(cli_args(path))
@@ -71,6 +109,8 @@ def main() -> int:
             "args": dataclasses.asdict(args),
             "num_params": sum(p.numel() for p in model.parameters()),
         }
+    for key, point in request.get("points", {}).items():
+        answer["points"][key] = _point(point)
     if data := request.get("data"):
         config = ConfigManager().parse_args(
             [
