@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import statistics
 
 import pytest
@@ -20,6 +21,86 @@ from tests.runner.conftest import dump, launch, make_spec
 
 pytestmark = pytest.mark.slow
 STEPS = dict(steps=6, warmup_steps=1, profile_steps=3, local_batch_size=2)
+
+
+# The trace's own intervals, swept here without core.analysis.breakdown's arithmetic: the rules are the module
+# docstring's (a collective at any depth is communication; else the innermost operator is compute).
+COLLECTIVE = ("gloo:", "c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms")
+
+
+def _union(iv):
+    out = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        elif e > s:
+            out.append([s, e])
+    return out
+
+
+def _length(iv):
+    return sum(e - s for s, e in iv)
+
+
+def _intersect(a, b):
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if e > s:
+            out.append([s, e])
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _track_segments(events):
+    """(comm, compute) intervals of one thread: each instant belongs to the innermost event running then (the
+    one that started last); it is communication when a collective runs at any depth there, compute when the
+    innermost event is another operator (an annotation's own time is neither)."""
+    bounds = sorted({e["ts"] for e in events} | {e["ts"] + e["dur"] for e in events})
+    starts = sorted(events, key=lambda e: (e["ts"], -e["dur"]))
+    comm, compute, active, i = [], [], [], 0
+    for a, b in zip(bounds, bounds[1:]):
+        active = [e for e in active if e["ts"] + e["dur"] > a]
+        while i < len(starts) and starts[i]["ts"] <= a:
+            if starts[i]["ts"] + starts[i]["dur"] > a:
+                active.append(starts[i])
+            i += 1
+        if not active:
+            continue
+        inner = max(active, key=lambda e: (e["ts"], -e["dur"]))
+        if any(e["name"].startswith(COLLECTIVE) for e in active):
+            comm.append([a, b])
+        elif inner.get("cat") == "cpu_op":
+            compute.append([a, b])
+    return comm, compute
+
+
+def split_from_trace(path) -> tuple[float, float, float]:
+    """(communication, exposed, overlapped) ms per profiled step of one rank, recomputed from its trace file."""
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in ev if re.fullmatch(r"scalebench\.step#\d+", e["name"])]
+    lo, hi = min(s for s, _ in windows), max(e for _, e in windows)
+    by_track: dict[tuple[object, object], list[dict]] = {}
+    for e in ev:
+        if e.get("cat") in ("cpu_op", "user_annotation") and e["ts"] < hi and e["ts"] + e["dur"] > lo:
+            by_track.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    comm, compute = [], []
+    for evs in by_track.values():
+        c, p = _track_segments([e for e in evs if not re.fullmatch(r"scalebench\.step#\d+", e["name"])])
+        comm += c
+        compute += p
+    comm, compute = _union(comm), _union(compute)
+    out = []
+    for s, e in windows:
+        c = _intersect(comm, [[s, e]])
+        over = _intersect(c, compute)
+        out.append((_length(c) / 1000, (_length(c) - _length(over)) / 1000, _length(over) / 1000))
+    return tuple(statistics.fmean(x[i] for x in out) for i in range(3))
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +135,19 @@ def test_one_device_has_no_communication(runs):
 
 
 def test_fsdp_communication_is_split_into_exposed_and_overlapped(runs):
-    # Whether the exposed share rises from N=2 to N=4 is a property of the machine, not of the runner: on two
-    # oversubscribed CPU cores it went either way (0.56 -> 0.51 seen), so only the split itself is checked here.
+    """Each rank's communication, exposed and overlapped ms recomputed from its own trace file (the intervals
+    swept here, not by core.analysis.breakdown) and compared with what the runner reported. Whether the exposed
+    share rises from N=2 to N=4 is a property of the machine (on two oversubscribed CPU cores it went either
+    way), so it is not asserted."""
     for n in (2, 4):
-        b = runs[n][0].breakdown
-        for r in b.per_rank:
-            assert r.communication_ms > 0 and r.exposed_communication_ms > 0, r
-            assert r.exposed_communication_ms + r.overlapped_communication_ms == pytest.approx(r.communication_ms)
+        result, run_dir = runs[n]
+        for r in result.breakdown.per_rank:
+            comm, exposed, overlapped = split_from_trace(run_dir / trace_file_name(r.rank))
+            assert comm > 0 and exposed > 0, (n, r.rank, comm, exposed)
+            got = (r.communication_ms, r.exposed_communication_ms, r.overlapped_communication_ms)
+            assert got == pytest.approx((comm, exposed, overlapped), rel=0.01, abs=0.05), (n, r.rank, got)
             assert r.exposed_communication_ms <= r.step_ms, r
-        assert 0 < exposed_share(b.median) <= 1, (n, b.median)
+        assert 0 < exposed_share(result.breakdown.median) <= 1, (n, result.breakdown.median)
 
 
 def test_categories_add_up_to_the_measured_step_time(runs):
