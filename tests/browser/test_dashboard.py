@@ -164,6 +164,7 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
     assert _attr(page, "#chart-throughput", "data-projected-bands") == "2"  # bf16 and fp8-tensorwise
     drawn = page.evaluate("""Chart.getChart(document.querySelector('#chart-efficiency canvas')).data.datasets
         .filter(d => d._projected).map(d => ({band: !!d._band, label: d.label, data: d.data.map(p => [p.x, p.y])}))""")
+    assert len(drawn) == 6, drawn  # low edge, high edge and line for bf16 and fp8-tensorwise
     for low, high, line in (drawn[i : i + 3] for i in range(0, len(drawn), 3)):
         assert low["band"] and high["band"] and not line["band"] and "(projected)" in line["label"]
         assert low["data"][0] == high["data"][0] == line["data"][0]  # anchored at the last measured point
@@ -173,6 +174,25 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
             assert x_lo == x_hi == x and y_lo <= y <= y_hi
             widths.append(y_hi - y_lo)
         assert widths[0] == 0 and all(b > a for a, b in zip(widths, widths[1:], strict=False))
+    # the band's pixels: halfway between the line and the high edge, just left of the widest point, the canvas
+    # is painted with the band drawn and changes when the band datasets are hidden
+    shaded = page.evaluate("""() => {
+        const chart = Chart.getChart(document.querySelector('#chart-efficiency canvas'));
+        const ds = chart.data.datasets, idx = ds.map((d, i) => i).filter(i => ds[i]._projected);
+        const [high, line] = [chart.getDatasetMeta(idx[1]).data, chart.getDatasetMeta(idx[2]).data];
+        const k = high.length - 1, x = Math.round(high[k].x - 3), y = Math.round((high[k].y + line[k].y) / 2);
+        const dpr = chart.currentDevicePixelRatio, ctx = chart.ctx;
+        const pixel = () => Array.from(ctx.getImageData(x * dpr, y * dpr, 1, 1).data);
+        const withBand = pixel();
+        idx.filter(i => ds[i]._band).forEach(i => chart.setDatasetVisibility(i, false));
+        chart.update('none');
+        const withoutBand = pixel();
+        idx.filter(i => ds[i]._band).forEach(i => chart.setDatasetVisibility(i, true));
+        chart.update('none');
+        return {withBand, withoutBand, gap: high[k].y - line[k].y};
+    }""")
+    assert shaded["gap"] < -4, shaded  # the high edge lies a few pixels above the line (y grows downwards)
+    assert shaded["withBand"][3] > 0 and shaded["withBand"] != shaded["withoutBand"], shaded
     legend = page.evaluate(
         "Chart.getChart(document.querySelector('#chart-efficiency canvas')).legend.legendItems.map(i => i.text)"
     )
