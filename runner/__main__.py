@@ -127,14 +127,14 @@ def main(
         if result.status == "failed":
             result = prefer_root_cause(result, args.out)
         write_result(args.out, result)
-    elif result.status == "failed":
+    elif result.status == "failed" and result.error is not None:  # a failed result carries its error
         # A note for rank 0 (its own error may only say that a peer went away), then the result itself
         # if rank 0 has not written one: torchrun may kill rank 0 before it can.
         rank_file(args.out, rank).write_text(result.error.model_dump_json())
         # Named like rank 0's root-cause report, so the message says which rank failed either way.
         named = result.error.model_copy(update={"message": f"rank {rank}: {result.error.message}"[:20000]})
         write_result(args.out, result.model_copy(update={"error": named}), only_if_absent=True)
-    if result.status == "failed":
+    if result.status == "failed" and result.error is not None:
         log.error("failed: %s: %s", result.error.kind, result.error.message.splitlines()[0])
     logging.shutdown()
     sys.stdout.flush()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from core.analysis.summary import summarize
 from core.catalog.hardware import peak_tflops
-from core.contracts.specs import Environment, Numerics, RunError, RunResult, RunSpec, StepRecord
+from core.contracts.specs import Environment, ErrorKind, Numerics, RunError, RunResult, RunSpec, StepRecord
 from core.engines.command import COMMAND_FILE, CommandEngineConfig, render_command, template_values
 from core.engines.logs import StepMetric, parse_metrics
 from runner.__main__ import load_spec, setup_logging, write_result
@@ -96,7 +96,7 @@ def _tail(lines: list[str]) -> str:
     return "".join(lines)[-LOG_TAIL_BYTES:]
 
 
-def _failed(spec: RunSpec, kind: str, message: str, lines: list[str]) -> RunResult:
+def _failed(spec: RunSpec, kind: ErrorKind, message: str, lines: list[str]) -> RunResult:
     tail = _tail(lines)
     return RunResult(
         run_key=spec.run_key(),

@@ -115,7 +115,9 @@ def make_eval_batches(spec, vocab_size: int, dp_rank: int, device: torch.device)
     """Held-out batches: .get(b) for b in range(spec.eval_batches) is the b-th batch of every evaluation."""
     if spec.data_path:
         held_out = str(val_path(spec.data_path))
-        source = MemmapTokens(held_out, vocab_size, HELD_OUT_SEED, field="held-out split of data_path")
+        source: MemmapTokens | HeldOutSynthetic = MemmapTokens(
+            held_out, vocab_size, HELD_OUT_SEED, field="held-out split of data_path"
+        )
     else:
         source = HeldOutSynthetic(SyntheticTokens(vocab_size, spec.seed))
     return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank, device=device)
@@ -133,7 +135,7 @@ class HeldOutSynthetic:
 
 def make_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> Batches:
     if spec.data_path:
-        source = MemmapTokens(spec.data_path, vocab_size, spec.seed)
+        source: MemmapTokens | SyntheticTokens = MemmapTokens(spec.data_path, vocab_size, spec.seed)
     else:
         source = SyntheticTokens(vocab_size, spec.seed)
     return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank, device=device)

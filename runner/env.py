@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 class DeviceInfo:
     """What torch reports about the device (or a test's stand-in)."""
 
-    vendor: str  # nvidia | amd | cpu
+    vendor: Literal["nvidia", "amd", "cpu"]
     device_name: str
     device_count: int
     gcn_arch: str | None = None  # AMD: gcnArchName, e.g. "gfx942:sramecc+:xnack-"
@@ -34,7 +35,9 @@ class DeviceInfo:
     hip_version: str | None = None
 
 
-def vendor_of(hip_version: str | None, cuda_version: str | None, cuda_available: bool) -> str:
+def vendor_of(
+    hip_version: str | None, cuda_version: str | None, cuda_available: bool
+) -> Literal["nvidia", "amd", "cpu"]:
     """torch.version.hip set -> amd (ROCm builds also answer to torch.cuda); cuda -> nvidia; else cpu."""
     if not cuda_available:
         return "cpu"

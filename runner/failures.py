@@ -10,12 +10,26 @@ import logging
 import os
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from runner.env import DeviceInfo
+    from runner.metrics import DeviceLog, StepTimer
+
 from core.catalog.hardware import unsupported_reason
-from core.contracts.specs import MX_PRECISIONS, Numerics, RunError, RunResult, RunSpec
+from core.contracts.specs import (
+    MX_PRECISIONS,
+    Environment,
+    ErrorKind,
+    Numerics,
+    RunError,
+    RunResult,
+    RunSpec,
+    StepRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +93,7 @@ def mx_problems(spec: RunSpec) -> list[str]:
     return problems
 
 
-def classify(exc: BaseException) -> str:
+def classify(exc: BaseException) -> ErrorKind:
     if isinstance(exc, InvalidConfig):
         return "invalid_config"
     if isinstance(exc, torch.OutOfMemoryError):
@@ -97,13 +111,13 @@ class RunState:
 
     def __init__(self, spec: RunSpec):
         self.spec = spec
-        self.device = None
+        self.device: torch.device | None = None
         self.created_group = False
-        self.info = None
-        self.environment = None
-        self.timer = None
-        self.device_log = None
-        self.num_float8_linears = None
+        self.info: DeviceInfo | None = None
+        self.environment: Environment | None = None
+        self.timer: StepTimer | None = None
+        self.device_log: DeviceLog | None = None
+        self.num_float8_linears: int | None = None
         self.lrs: list[float] = []
         self.result: RunResult | None = None
         self.failed = False
@@ -128,11 +142,13 @@ def failed_result(spec: RunSpec, state: RunState, exc: BaseException) -> RunResu
     tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
     log.error("run failed (%s): %s\n%s", kind, exc, tail)
     memory = memory_at_failure(state.device) if kind == "oom" and state.device is not None else None
-    steps, numerics = [], None
-    if state.timer is not None:
+    steps: list[StepRecord] = []
+    numerics: Numerics | None = None
+    device_log = state.device_log
+    if state.timer is not None and device_log is not None:  # set together
         step_ms = _safe(state.timer.step_ms, [])
         # Local losses only: a reduce could hang on a broken group.
-        losses, norms = _safe(lambda: state.device_log.read(reduce=False), ([], []))
+        losses, norms = _safe(lambda: device_log.read(reduce=False), ([], []))
         steps = step_records(step_ms, losses, norms, state.lrs, spec.tokens_per_step, spec.warmup_steps)
         if losses:
             numerics = Numerics(final_loss=losses[-1], loss_curve=losses)

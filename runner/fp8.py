@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -117,6 +118,7 @@ def mx_module_filter(module: nn.Module, fqn: str) -> bool:
     """As fp8_module_filter, with both dims divisible by the MX block (32): each is a GEMM reduction dim."""
     return (
         fp8_module_filter(module, fqn)
+        and isinstance(module, nn.Linear)  # as fp8_module_filter checked; says so to the type checker
         and module.in_features % MX_BLOCK_SIZE == 0
         and module.out_features % MX_BLOCK_SIZE == 0
     )
@@ -125,7 +127,7 @@ def mx_module_filter(module: nn.Module, fqn: str) -> bool:
 _MX_LINEAR_CLASS = None
 
 
-def mx_linear_class() -> type[nn.Linear]:
+def mx_linear_class() -> type[Any]:
     """torchao's MXFP8Linear, with F.linear's autocast casts done by hand (as Float8Linear does).
 
     Under autocast our master weights stay fp32; torchao's MX autograd function runs below autocast and needs

@@ -107,6 +107,8 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
+    rope: torch.Tensor  # (2, max_seq_len, head_dim // 2) cos and sin, a buffer registered in __init__
+
     def __init__(self, shape: ModelShape, max_seq_len: int):
         super().__init__()
         self.shape = shape

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from core.contracts.specs import ParallelDegrees, RunSpec
 from runner.fp8 import apply_float8, is_fp8
+from runner.model import Llama
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def param_dtype(precision: str) -> torch.dtype:
 # --------------------------------------------------------------------------------------- tensor parallel
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
+def apply_tp(model: Llama, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
     """Megatron-style TP with sequence parallel: norms and residual stream sharded on the sequence dim.
 
     float8_tp: torchao's Float8 styles (all-gather activations in float8). Only on CUDA with tensorwise:
@@ -102,7 +102,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
 # ------------------------------------------------------------------------------ checkpointing, compile
 
 
-def apply_ac(model: nn.Module) -> None:
+def apply_ac(model: Llama) -> None:
     """Full activation checkpointing per block: recompute the block's forward in backward (~+33% FLOPs)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -110,10 +110,10 @@ def apply_ac(model: nn.Module) -> None:
         model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_compile(model: nn.Module) -> None:
+def apply_compile(model: Llama) -> None:
     """torch.compile each block (identical blocks share one compiled graph: compile time ~ one block)."""
     for i, block in enumerate(model.layers):
-        model.layers[i] = torch.compile(block, fullgraph=True)
+        model.layers[i] = torch.compile(block, fullgraph=True)  # type: ignore[assignment]  # a Module's is a Module
 
 
 # ------------------------------------------------------------------------------------ data parallel
@@ -127,7 +127,7 @@ def dp_mesh_of(mesh: DeviceMesh, degrees: ParallelDegrees) -> DeviceMesh:
     return mesh["dp_shard"]
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, *, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: Llama, dp_mesh: DeviceMesh, precision: str, *, reshard_after_forward: bool) -> None:
     """FSDP2 (1-D mesh) or HSDP (2-D mesh): one unit per block (norms included) plus the root.
 
     Block-level units matter on CPU too: a unit made only of float8 weights cannot be all-gathered by gloo.
@@ -142,21 +142,21 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, *, reshard
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, precision: str) -> None:
+def apply_ddp(model: Llama, dp_mesh: DeviceMesh, precision: str) -> None:
     """DDP through FSDP2's replicate (works on meta-device models, same mixed-precision policy)."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype(precision), reduce_dtype=torch.float32)
     for i, block in enumerate(model.layers):
-        model.layers[i] = replicate(block, mesh=dp_mesh, mp_policy=mp)
+        model.layers[i] = replicate(block, mesh=dp_mesh, mp_policy=mp)  # type: ignore[assignment]  # the Module, wrapped
     replicate(model, mesh=dp_mesh, mp_policy=mp)
 
 
 # ------------------------------------------------------------------------------------------ the order
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, spec: RunSpec) -> dict:
+def parallelize(model: Llama, mesh: DeviceMesh, spec: RunSpec) -> dict:
     """Convert and wrap a meta-device model in place. Returns facts for the result (fp8 config, count)."""
     degrees, device_type = spec.degrees, spec.device_type
     facts: dict = {"fp8_config": None, "num_float8_linears": None}
@@ -184,5 +184,5 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, spec: RunSpec) -> dict:
             apply_ddp(model, dp_mesh, spec.precision)
         else:
             apply_fsdp(model, dp_mesh, spec.precision, reshard_after_forward=True)
-        log.info("%s over mesh %s", degrees.dp_mode, dict(zip(dp_mesh.mesh_dim_names, dp_mesh.shape)))
+        log.info("%s over mesh %s", degrees.dp_mode, dict(zip(dp_mesh.mesh_dim_names or (), dp_mesh.shape)))
     return facts

@@ -91,7 +91,8 @@ class StepProfiler:
                 # One tiny kernel queued after the last step: its start on the device ends that step's window.
                 with record_function(END_MARK):
                     torch.zeros(1, device=self.device)
-            self._prof.stop()  # CPU-GPU sync point; processes the events (seconds for a large model)
+            if self._prof is not None:  # started at the first profiled step
+                self._prof.stop()  # CPU-GPU sync point; processes the events (seconds for a large model)
 
     def finish(self) -> Breakdown | None:
         """Write this rank's trace, compute its breakdown, gather all ranks' (collective). None when off."""

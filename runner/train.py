@@ -60,7 +60,7 @@ def clip_in_optimizer(optimizer: torch.optim.Optimizer, params: list, max_norm: 
     parameters and fused=True only."""
     norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
     clip_coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    optimizer.grad_scale = clip_coef.reciprocal()  # read by AdamW.step (getattr(self, "grad_scale", None))
+    optimizer.grad_scale = clip_coef.reciprocal()  # type: ignore[attr-defined]  # read by AdamW.step (getattr)
     return norm
 
 
@@ -162,6 +162,7 @@ def run(spec: RunSpec, trace_dir: Path | None = None) -> RunResult:
         return failures.failed_result(spec, state, exc)
     finally:
         state.cleanup()
+    assert state.result is not None  # _run sets it when it returns
     return state.result
 
 
@@ -173,7 +174,7 @@ def eval_due(step: int, spec: RunSpec) -> bool:
 
 def evaluate(model, eval_batches, num_batches: int, amp, loss_fn) -> torch.Tensor:
     """Mean held-out loss of this rank over num_batches batches, a 0-d device tensor (no CPU-GPU sync)."""
-    total = None
+    total: torch.Tensor | None = None
     with torch.no_grad():
         for b in range(num_batches):
             inputs, labels = eval_batches.get(b)
@@ -182,6 +183,7 @@ def evaluate(model, eval_batches, num_batches: int, amp, loss_fn) -> torch.Tenso
             loss = loss_fn(logits, labels).detach().float()
             del logits
             total = loss if total is None else total + loss
+    assert total is not None, "num_batches must be >= 1"
     return total / num_batches
 
 
@@ -203,6 +205,7 @@ def data_description(spec: RunSpec) -> str:
 
 def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> None:
     device = state.device
+    assert device is not None  # run() sets it before
     torch.manual_seed(spec.seed)
     mesh = build_mesh(spec.device_type, spec.degrees)
     info = probe_device(spec.device_type)
@@ -268,7 +271,7 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
             grad_norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()  # DTensor (sharded grads): the reduced total norm
-        state.lrs.append(scheduler.get_last_lr()[0])
+        state.lrs.append(float(scheduler.get_last_lr()[0]))  # LambdaLR's rates are floats
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
