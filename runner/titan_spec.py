@@ -29,7 +29,7 @@ from runner.data import Batches, MemmapTokens, SyntheticTokens
 from runner.titan_config import DATASET_FILE, DATASET_SYNTHETIC, MODEL_NAME, model_args, shape_of_flavor
 
 
-def _classes():
+def _classes() -> tuple[type[Any], type[Any]]:
     """(args class, model class): TorchTitan's llama3 TransformerModelArgs and Transformer, each with the one
     addition engine parity needs (built once, on first use: TorchTitan is imported inside)."""
     global _CLASSES
@@ -63,7 +63,7 @@ def _classes():
     return _CLASSES
 
 
-_CLASSES = None
+_CLASSES: tuple[type[Any], type[Any]] | None = None  # (args class, model class), see _classes
 
 
 def transformer_args(flavor: str):
