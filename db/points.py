@@ -9,6 +9,8 @@ step_metrics for a run recorded since loss curves are stored (record_result stor
   fingerprints         1 query  (per-status counts and max timestamps; no step_metrics scan)
   loss_curves          2 queries (one run per curve, then its stored curve), + 1 for runs stored before
                        curves were (their steps thinned in SQL)
+  load_run_digests     1 query (the named runs' curve digests), + 1 for curves stored before digests were
+                       (digested on the fly); a report asks only for the pairs its cache lacks
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 
+from core.analysis.curves import DIGEST_VERSION, CurveDigest, digest_curve
 from core.analysis.numerics import RunLosses
 from core.analysis.scaling import PointRuns, PointValues, RunPoint, SeriesKey, aggregate_points
 from core.contracts.specs import FP8_PRECISIONS
@@ -419,9 +422,40 @@ def _unpacked(typecode: str, raw: bytes) -> list:
     return a.tolist()
 
 
-def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict:
+def pack_digest(d: CurveDigest) -> bytes:
+    """A CurveDigest as float64s: version, num_steps, bins, evals, then its tuples in field order."""
+    nb, ne = len(d.bin_steps), len(d.eval_steps)
+    head = [float(DIGEST_VERSION), float(d.num_steps), float(nb), float(ne)]
+    return _packed("d", head + [*d.bin_steps, *d.bin_losses, *d.bin_sds, *d.bin_counts, *d.eval_steps, *d.eval_losses])
+
+
+def unpack_digest(raw: bytes, run_id: str, seed: int) -> CurveDigest | None:
+    """The digest of pack_digest (None for another version: it is then digested again from the curve)."""
+    v = _unpacked("d", raw)
+    if len(v) < 4 or v[0] != DIGEST_VERSION:
+        return None
+    nb, ne = int(v[2]), int(v[3])
+    o = 4
+    cut = [o + i * nb for i in range(5)] + [o + 4 * nb + ne, o + 4 * nb + 2 * ne]
+    return CurveDigest(
+        run_id=run_id,
+        seed=seed,
+        num_steps=int(v[1]),
+        bin_steps=tuple(v[cut[0] : cut[1]]),
+        bin_losses=tuple(v[cut[1] : cut[2]]),
+        bin_sds=tuple(v[cut[2] : cut[3]]),
+        bin_counts=tuple(int(c) for c in v[cut[3] : cut[4]]),
+        eval_steps=tuple(int(s) for s in v[cut[4] : cut[5]]),
+        eval_losses=tuple(v[cut[5] : cut[6]]),
+    )
+
+
+def loss_curve_row(
+    run_id: int, points: Sequence[tuple[int, float]], eval_points: Sequence[tuple[int, float | None]] = ()
+) -> dict:
     """The run_loss_curves row of a run's (step, loss) points (any order, at least one; None losses left
-    out): thinned to at most STORED_CURVE_POINTS, arrays packed."""
+    out): thinned to at most STORED_CURVE_POINTS, arrays packed, and the digest of every point and of the
+    held-out (step, loss) points (core.analysis.curves.digest_curve)."""
     ordered = sorted(points)
     kept = _thin(ordered, STORED_CURVE_POINTS)
     return dict(
@@ -430,14 +464,21 @@ def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict:
         stride=_stride(len(ordered), STORED_CURVE_POINTS),
         steps_i64=_packed("q", [s for s, _ in kept]),
         losses_f64=_packed("d", [v for _, v in kept]),
+        digest_f64=pack_digest(digest_curve(ordered, eval_points)),
     )
 
 
-def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, float]]) -> None:
-    """Store (replace) a run's loss curve; nothing is stored for a run without losses."""
+def store_loss_curve(
+    session: Session,
+    run_id: int,
+    points: Sequence[tuple[int, float]],
+    eval_points: Sequence[tuple[int, float | None]] = (),
+) -> None:
+    """Store (replace) a run's loss curve and its digest (with the held-out points, when measured); nothing is
+    stored for a run without losses."""
     session.execute(sa.delete(RunLossCurve).where(RunLossCurve.run_id == run_id))
     if points:
-        session.execute(sa.insert(RunLossCurve).values(**loss_curve_row(run_id, points)))
+        session.execute(sa.insert(RunLossCurve).values(**loss_curve_row(run_id, points, eval_points)))
 
 
 def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row]:
@@ -553,8 +594,9 @@ def _eval_points(raw: Any) -> tuple[tuple[int, ...], tuple[float | None, ...]]:
 
 
 def load_run_losses_many(session: Session, experiment_ids: Sequence[int]) -> dict[int, dict[str, RunLosses]]:
-    """The loss curves the fp8 loss verdict compares (core.analysis.numerics), keyed by experiment id then run id (str):
-    every succeeded bf16 and fp8 run with a stored curve, its seed and its held-out (eval) curve. One query."""
+    """The whole stored loss curves of every succeeded bf16 and fp8 run of these experiments (keyed by
+    experiment id then run id, str), with seed and held-out curve. One query. The reports read digests
+    (load_run_digests) instead; this is for whoever needs the curves themselves."""
     stmt = (
         sa.select(
             Run.experiment_id,
@@ -588,3 +630,46 @@ def load_run_losses_many(session: Session, experiment_ids: Sequence[int]) -> dic
 
 def load_run_losses(session: Session, experiment_id: int) -> dict[str, RunLosses]:
     return load_run_losses_many(session, [experiment_id])[experiment_id]
+
+
+_DIGESTS = (
+    sa.select(Run.id, Run.seed, RunLossCurve.digest_f64)
+    .join(RunLossCurve, RunLossCurve.run_id == Run.id)
+    .where(Run.id.in_(sa.bindparam("run_ids", expanding=True)), Run.status == "succeeded")
+)
+
+
+def load_run_digests(session: Session, run_ids: Sequence[int | str]) -> dict[str, CurveDigest]:
+    """The curve digests (core.analysis.curves) of these runs, keyed by run id (str): the succeeded ones with a
+    stored curve. One query; curves stored without a digest (before digests were stored, or of another
+    digest version) are digested here from the stored curve and the result's held-out curve (one more query)."""
+    ids = sorted({int(i) for i in run_ids})
+    out: dict[str, CurveDigest] = {}
+    if not ids:
+        return out
+    redo = []
+    for run_id, seed, raw in session.execute(_DIGESTS, {"run_ids": ids}):
+        d = unpack_digest(raw, str(run_id), seed or 0) if raw is not None else None
+        if d is None:
+            redo.append(run_id)
+        else:
+            out[str(run_id)] = d
+    if redo:
+        stmt = (
+            sa.select(
+                Run.id,
+                Run.seed,
+                RunLossCurve.steps_i64,
+                RunLossCurve.losses_f64,
+                _eval_curve_column(session.get_bind().dialect.name),
+            )
+            .join(RunLossCurve, RunLossCurve.run_id == Run.id)
+            .where(Run.id.in_(redo))
+        )
+        for run_id, seed, steps_raw, losses_raw, eval_raw in session.execute(stmt):
+            eval_steps, eval_losses = _eval_points(eval_raw)
+            points = list(zip(_unpacked("q", steps_raw), _unpacked("d", losses_raw)))
+            out[str(run_id)] = digest_curve(
+                points, list(zip(eval_steps, eval_losses)), run_id=str(run_id), seed=seed or 0
+            )
+    return out
