@@ -20,12 +20,15 @@ import functools
 import io
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import Field
+
 from core.analysis.fits import MIN_FIT_POINTS, AmdahlParams, FitRefused, USLParams, fit_amdahl, fit_usl
-from core.analysis.numerics import LossVerdict, RunLosses, loss_verdict
+from core.analysis.numerics import Curves, LossVerdict, loss_verdict
+from core.analysis.time_to_loss import TimeToLoss, match_losses, price
 from core.contracts.base import Frozen
 from core.contracts.specs import FP8_PRECISIONS, resolve_layout
 
@@ -159,6 +162,22 @@ class SpeedupPoint(Frozen):
     loss_gap_band: float | None = None  # half-width of the noise band of loss_gap
     loss_verdict_reason: str | None = None
     loss_numerics: LossVerdict | None = None
+    # Time to the same loss (core.analysis.time_to_loss): fp8 steps / bf16 steps to reach bf16's end loss (> 1: fp8
+    # needs more), and the speedup that survives it, S(N) / steps_ratio, each with a band from the seeds; None
+    # with the reason in time_to_loss (e.g. fp8 never reached bf16's loss: time_to_loss.shortfall says by how much).
+    steps_ratio: float | None = Field(
+        None,
+        description="fp8 steps / bf16 steps to reach the loss bf16 reached at the end of its run (> 1: fp8 needs more)",
+    )
+    steps_ratio_band: float | None = Field(None, description="Half-width of steps_ratio's band (seeds and step noise).")
+    effective_speedup: float | None = Field(
+        None, description="speedup / steps_ratio: the throughput speedup at equal loss; null: see time_to_loss.reason"
+    )
+    effective_speedup_band: float | None = Field(None, description="Half-width of effective_speedup's band.")
+    time_to_loss: TimeToLoss | None = Field(
+        None,
+        description="Time to the same loss: targets, steps, tokens and seconds to them, matched points, shortfall.",
+    )
 
 
 class EngineRatioPoint(SeriesKey):
@@ -482,21 +501,90 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPo
     return out
 
 
-def _verdict_fields(p: dict, b: dict, run_losses: Mapping[str, RunLosses] | None) -> dict:
-    """The loss verdict of an fp8 point against its bf16 twin, from their runs' curves (none: no verdict)."""
-    if run_losses is None:
-        return {}
-    v = loss_verdict(
-        [run_losses[i] for i in p.get("run_ids", []) if i in run_losses],
-        [run_losses[i] for i in b.get("run_ids", []) if i in run_losses],
+NumericsKey = tuple
+
+
+def numerics_key(fp8: PointRuns | Mapping, bf16: PointRuns | Mapping) -> NumericsKey:
+    """What a pair's verdict and matched losses depend on: the run ids of both points and how many are still
+    pending (a succeeded run's curve never changes; a run that ends changes the pending count)."""
+
+    def part(p: PointRuns | Mapping) -> tuple:
+        if isinstance(p, PointRuns):
+            return (p.run_ids, p.num_pending)
+        return (tuple(p.get("run_ids", ())), p.get("num_pending", 0))
+
+    return (*part(fp8), *part(bf16))
+
+
+def loss_pairs(points: Iterable[PointRuns]) -> list[tuple[PointRuns, PointRuns]]:
+    """Every fp8 point with the bf16 point it is compared with (same engine, model, layout, scaling, cluster,
+    N): the pairs whose curves a report compares."""
+    pts = list(points)
+    bf16 = {(*_pair_key(p.key), p.num_devices): p for p in pts if p.key.precision == "bf16"}
+    out = []
+    for p in pts:
+        if p.key.precision in FP8_PRECISIONS and (b := bf16.get((*_pair_key(p.key), p.num_devices))) is not None:
+            out.append((p, b))
+    return out
+
+
+def pair_numerics(fp8_runs: Sequence[Curves], bf16_runs: Sequence[Curves]) -> tuple[LossVerdict, TimeToLoss]:
+    """The curve-dependent part of a pair's numerics: its loss verdict and matched losses (not priced)."""
+    return loss_verdict(fp8_runs, bf16_runs), match_losses(fp8_runs, bf16_runs)
+
+
+def _tokens_per_step(p: Mapping) -> float | None:
+    x, ms = p.get("tokens_per_sec"), p.get("step_ms_median")
+    return x * ms / 1000 if x and ms else None
+
+
+def _verdict_fields(
+    p: dict,
+    b: dict,
+    speedup: float,
+    run_losses: Mapping[str, Curves] | None,
+    cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None,
+) -> dict:
+    """The loss verdict and time to loss of an fp8 point against its bf16 twin, from the cache (numerics_key) or
+    their runs' curves (neither: no verdict)."""
+    key = numerics_key(p, b)
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        if run_losses is None:
+            return {}
+        found = pair_numerics(
+            [run_losses[i] for i in p.get("run_ids", []) if i in run_losses],
+            [run_losses[i] for i in b.get("run_ids", []) if i in run_losses],
+        )
+        if cache is not None:
+            cache[key] = found
+    v, matched = found
+    t = price(
+        matched,
+        speedup=speedup,
+        fp8_step_ms=p.get("step_ms_median"),
+        bf16_step_ms=b.get("step_ms_median"),
+        fp8_tokens_per_step=_tokens_per_step(p),
+        bf16_tokens_per_step=_tokens_per_step(b),
     )
     return dict(
-        loss_verdict=v.verdict, loss_gap=v.gap, loss_gap_band=v.band, loss_verdict_reason=v.reason, loss_numerics=v
+        loss_verdict=v.verdict,
+        loss_gap=v.gap,
+        loss_gap_band=v.band,
+        loss_verdict_reason=v.reason,
+        loss_numerics=v,
+        steps_ratio=t.steps_ratio,
+        steps_ratio_band=t.steps_ratio_band,
+        effective_speedup=t.effective_speedup,
+        effective_speedup_band=t.effective_speedup_band,
+        time_to_loss=t,
     )
 
 
 def _speedups(
-    groups: Mapping[SeriesKey, list[dict]], run_losses: Mapping[str, RunLosses] | None = None
+    groups: Mapping[SeriesKey, list[dict]],
+    run_losses: Mapping[str, Curves] | None = None,
+    cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None = None,
 ) -> list[SpeedupPoint]:
     """S(N) of every fp8 point against the bf16 point of its pair series; points as ScalingPoint fields.
     run_losses (run id -> its curves): each pair also gets its loss verdict."""
@@ -526,7 +614,7 @@ def _speedups(
                         fp8_final_loss=loss,
                         bf16_final_loss=b_loss,
                         loss_rel_gap=gap,
-                        **_verdict_fields(p, b, run_losses),
+                        **_verdict_fields(p, b, x / bx, run_losses, cache),
                     )
                 )
     return out
@@ -560,7 +648,7 @@ def build_report(
     baseline_num_devices: int | None = None,
     full_size_by_cluster: Mapping[str, int] | None = None,
     noisy_spread: float = NOISY_SPREAD,
-    run_losses: Mapping[str, RunLosses] | None = None,
+    run_losses: Mapping[str, Curves] | None = None,
 ) -> ScalingReport:
     """Scaling report of the runs of one experiment (or several to compare).
 
@@ -583,18 +671,21 @@ def build_report_from_points(
     baseline_num_devices: int | None = None,
     full_size_by_cluster: Mapping[str, int] | None = None,
     noisy_spread: float = NOISY_SPREAD,
-    run_losses: Mapping[str, RunLosses] | None = None,
+    run_losses: Mapping[str, Curves] | None = None,
+    numerics_cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None = None,
 ) -> ScalingReport:
     """build_report over points already aggregated (aggregate_points, or the database's GROUP BY): one
     PointRuns per (series, N), series in order of their first run. run_losses: run id (str) -> its loss curves
-    (db.points.load_run_losses), for the fp8 loss verdicts; None: no verdicts."""
+    or their digests (db.points.load_run_digests), for the fp8 loss verdicts and time to loss; None: none.
+    numerics_cache: each pair's verdict and matched losses by numerics_key, read first and filled (then
+    run_losses needs only the runs of the pairs missing from it: loss_pairs)."""
     by_key: dict[SeriesKey, dict[int, PointRuns]] = {}
     for p in points:
         by_key.setdefault(p.key, {})[p.num_devices] = p
     all_counts = sorted({n for by_n in by_key.values() for n in by_n})
     sized = {k: _points(by_n, k.layout, all_counts, noisy_spread) for k, by_n in by_key.items()}
     groups = {k: pts for k, (pts, _) in sized.items()}
-    speedups = _speedups(groups, run_losses)
+    speedups = _speedups(groups, run_losses, numerics_cache)
     engine_ratios = _engine_ratios(groups)
     s_of = {
         (
@@ -672,6 +763,21 @@ CSV_COLUMNS = (
     "loss_gap",
     "loss_gap_band",
     "loss_verdict_reason",
+    "steps_ratio",  # fp8 points: core.analysis.time_to_loss (fp8 steps / bf16 steps to bf16's end loss)
+    "steps_ratio_band",
+    "effective_speedup",  # fp8_speedup / steps_ratio
+    "effective_speedup_band",
+    "time_to_loss_reason",
+)
+_SPEEDUP_CSV = (
+    "loss_verdict",
+    "loss_gap",
+    "loss_gap_band",
+    "loss_verdict_reason",
+    "steps_ratio",
+    "steps_ratio_band",
+    "effective_speedup",
+    "effective_speedup_band",
 )
 
 
@@ -687,8 +793,10 @@ def to_csv_rows(report: ScalingReport) -> list[dict[str, object]]:
             row = {**s.key.model_dump(), **p.model_dump(exclude={"flags", "run_ids"})}
             row["flags"] = ";".join(p.flags)
             sp = verdicts.get(_point_key(s.key, p.num_devices))
-            for c in ("loss_verdict", "loss_gap", "loss_gap_band", "loss_verdict_reason"):
+            for c in _SPEEDUP_CSV:
                 row[c] = getattr(sp, c) if sp is not None else None
+            ttl = sp.time_to_loss if sp is not None else None
+            row["time_to_loss_reason"] = ttl.reason if ttl is not None else None
             rows.append({c: row[c] for c in CSV_COLUMNS})
     return rows
 

@@ -112,14 +112,53 @@ def time_to_loss(
     fp8_runs: Sequence[Curves],
     bf16_runs: Sequence[Curves],
     *,
-    speedup: float | None,
+    speedup: float | None = None,
     fp8_step_ms: float | None = None,
     bf16_step_ms: float | None = None,
     fp8_tokens_per_step: float | None = None,
     bf16_tokens_per_step: float | None = None,
     seed_allowance: float | None = None,
 ) -> TimeToLoss:
-    """Time to the same loss of one fp8 point against its bf16 twin (module docstring)."""
+    """Time to the same loss of one fp8 point against its bf16 twin (module docstring), priced (see price)."""
+    return price(
+        match_losses(fp8_runs, bf16_runs, seed_allowance=seed_allowance),
+        speedup=speedup,
+        fp8_step_ms=fp8_step_ms,
+        bf16_step_ms=bf16_step_ms,
+        fp8_tokens_per_step=fp8_tokens_per_step,
+        bf16_tokens_per_step=bf16_tokens_per_step,
+    )
+
+
+def price(
+    t: TimeToLoss,
+    *,
+    speedup: float | None,
+    fp8_step_ms: float | None = None,
+    bf16_step_ms: float | None = None,
+    fp8_tokens_per_step: float | None = None,
+    bf16_tokens_per_step: float | None = None,
+) -> TimeToLoss:
+    """The matched steps priced with the points' throughput: effective_speedup = S(N) / steps_ratio (its band
+    the ratio's relative band), tokens and wall-clock to the target (cheap: the curves are not read again)."""
+    upd: dict = {}
+    if t.bf16_steps is not None:
+        upd |= _costs("bf16", t.bf16_steps, bf16_step_ms, bf16_tokens_per_step)
+    if t.fp8_steps is not None:
+        upd |= _costs("fp8", t.fp8_steps, fp8_step_ms, fp8_tokens_per_step)
+    ratio, band = t.steps_ratio, t.steps_ratio_band
+    if ratio is not None and ratio > 0 and speedup:
+        eff = speedup / ratio
+        upd |= dict(effective_speedup=eff, effective_speedup_band=eff * band / ratio if band is not None else None)
+    elif ratio is not None:
+        upd["reason"] = t.reason + "; no throughput speedup to divide"
+    return t.model_copy(update=upd)
+
+
+def match_losses(
+    fp8_runs: Sequence[Curves], bf16_runs: Sequence[Curves], *, seed_allowance: float | None = None
+) -> TimeToLoss:
+    """The curve part of time_to_loss: matched steps, steps_ratio and its band, shortfall (no prices)."""
     fp8, bf16 = first_by_seed(fp8_runs), first_by_seed(bf16_runs)
     if not fp8 or not bf16:
         return TimeToLoss(reason=f"no {'fp8' if not fp8 else 'bf16'} loss curve")
@@ -167,7 +206,6 @@ def time_to_loss(
     target = statistics.fmean(t for t, *_ in end)
     t_bf16 = statistics.fmean(t_b for _, t_b, _, _ in end)
     common |= dict(target_loss=target, bf16_steps=t_bf16)
-    common |= _costs("bf16", t_bf16, bf16_step_ms, bf16_tokens_per_step)
     missed = [(s, t, lowest) for s, (t, _, t_f, lowest) in zip(seeds, end) if t_f is None]
     if missed:
         short = statistics.fmean((lowest - t) / t for _, t, lowest in missed)
@@ -204,25 +242,21 @@ def time_to_loss(
     if not math.isfinite(band):
         band = None
     t_fp8 = statistics.fmean(t_f for _, _, t_f, _ in end)
-    common |= dict(fp8_steps=t_fp8, **_costs("fp8", t_fp8, fp8_step_ms, fp8_tokens_per_step))
-    eff = speedup / ratio if speedup and ratio > 0 else None
     if band is None:
         noise = "one seed on a flat curve: no band; 2+ seeds give one"
     elif num >= 2:
         noise = f"±{band:.3f}, seed spread and step noise, {num} seeds"
     else:
         noise = f"±{band:.3f}, step noise and a seed-spread allowance, one seed; 2+ seeds narrow it"
-    reason = (
-        f"fp8 reaches bf16's end {source} loss {target:.4g} in {t_fp8:.0f} steps against {t_bf16:.0f}: "
-        f"steps_ratio {ratio:.3f} ({noise})"
-    )
     return TimeToLoss(
         steps_ratio=ratio,
         steps_ratio_band=band,
-        effective_speedup=eff,
-        effective_speedup_band=eff * band / ratio if eff is not None and band is not None else None,
-        reason=reason if eff is not None else reason + "; no throughput speedup to divide",
+        reason=(
+            f"fp8 reaches bf16's end {source} loss {target:.4g} in {t_fp8:.0f} steps against {t_bf16:.0f}: "
+            f"steps_ratio {ratio:.3f} ({noise})"
+        ),
         seed_allowance=allowance if allowance is not None and math.isfinite(allowance) else None,
+        fp8_steps=t_fp8,
         **common,
     )
 
