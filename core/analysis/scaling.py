@@ -517,9 +517,9 @@ def numerics_key(fp8: PointRuns | Mapping, bf16: PointRuns | Mapping) -> Numeric
 
 
 def loss_pairs(points: Iterable[PointRuns]) -> list[tuple[PointRuns, PointRuns]]:
-    """Every fp8 point with the bf16 point it is compared with (same engine, model, layout, scaling, cluster,
-    N): the pairs whose curves a report compares."""
-    pts = list(points)
+    """Every measured fp8 point with the measured bf16 point it is compared with (same engine, model, layout,
+    scaling, cluster, N): the pairs whose curves a report compares (those that get a SpeedupPoint)."""
+    pts = [p for p in points if p.num_succeeded and p.tokens_per_sec]
     bf16 = {(*_pair_key(p.key), p.num_devices): p for p in pts if p.key.precision == "bf16"}
     out = []
     for p in pts:
@@ -545,9 +545,13 @@ def _verdict_fields(
     run_losses: Mapping[str, Curves] | None,
     cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None,
 ) -> dict:
-    """The loss verdict and time to loss of an fp8 point against its bf16 twin, from the cache (numerics_key) or
-    their runs' curves (neither: no verdict)."""
+    """The loss verdict and time to loss of an fp8 point against its bf16 twin, from the cache (numerics_key; and
+    priced, by the points' values too) or their runs' curves (neither: no verdict)."""
     key = numerics_key(p, b)
+    fp8_ms, bf16_ms = p.get("step_ms_median"), b.get("step_ms_median")
+    priced_key = ("priced", key, speedup, fp8_ms, bf16_ms, p.get("tokens_per_sec"), b.get("tokens_per_sec"))
+    if cache is not None and (fields := cache.get(priced_key)) is not None:
+        return fields
     found = cache.get(key) if cache is not None else None
     if found is None:
         if run_losses is None:
@@ -562,12 +566,12 @@ def _verdict_fields(
     t = price(
         matched,
         speedup=speedup,
-        fp8_step_ms=p.get("step_ms_median"),
-        bf16_step_ms=b.get("step_ms_median"),
+        fp8_step_ms=fp8_ms,
+        bf16_step_ms=bf16_ms,
         fp8_tokens_per_step=_tokens_per_step(p),
         bf16_tokens_per_step=_tokens_per_step(b),
     )
-    return dict(
+    fields = dict(
         loss_verdict=v.verdict,
         loss_gap=v.gap,
         loss_gap_band=v.band,
@@ -579,6 +583,9 @@ def _verdict_fields(
         effective_speedup_band=t.effective_speedup_band,
         time_to_loss=t,
     )
+    if cache is not None:  # priced by the points' values: the same values give the same fields
+        cache[priced_key] = fields
+    return fields
 
 
 def _speedups(
