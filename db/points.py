@@ -641,19 +641,23 @@ _DIGESTS = (
 
 def load_run_digests(session: Session, run_ids: Sequence[int | str]) -> dict[str, CurveDigest]:
     """The curve digests (core.analysis.curves) of these runs, keyed by run id (str): the succeeded ones with a
-    stored curve. One query; curves stored without a digest (before digests were stored, or of another
-    digest version) are digested here from the stored curve and the result's held-out curve (one more query)."""
+    loss curve. One query; curves stored without a digest (before digests were stored, or of another digest
+    version) are digested here from the stored curve and the result's held-out curve (one more query), and
+    succeeded runs without a stored curve (imported as step records) from their step losses (two more)."""
     ids = sorted({int(i) for i in run_ids})
     out: dict[str, CurveDigest] = {}
     if not ids:
         return out
-    redo = []
+    redo, stored = [], set()
     for run_id, seed, raw in session.execute(_DIGESTS, {"run_ids": ids}):
+        stored.add(run_id)
         d = unpack_digest(raw, str(run_id), seed or 0) if raw is not None else None
         if d is None:
             redo.append(run_id)
         else:
             out[str(run_id)] = d
+    if absent := [i for i in ids if i not in stored]:
+        out |= _digests_from_steps(session, absent)
     if redo:
         stmt = (
             sa.select(
@@ -671,5 +675,32 @@ def load_run_digests(session: Session, run_ids: Sequence[int | str]) -> dict[str
             points = list(zip(_unpacked("q", steps_raw), _unpacked("d", losses_raw)))
             out[str(run_id)] = digest_curve(
                 points, list(zip(eval_steps, eval_losses)), run_id=str(run_id), seed=seed or 0
+            )
+    return out
+
+
+def _digests_from_steps(session: Session, run_ids: list[int]) -> dict[str, CurveDigest]:
+    """Digests of succeeded runs that have step losses but no stored curve, from their step rows."""
+    runs = session.execute(
+        sa.select(Run.id, Run.seed, _eval_curve_column(session.get_bind().dialect.name)).where(
+            Run.id.in_(run_ids), Run.status == "succeeded"
+        )
+    ).all()
+    if not runs:
+        return {}
+    points: dict[int, list[tuple[int, float]]] = {}
+    stmt = (
+        sa.select(StepMetric.run_id, StepMetric.step, StepMetric.loss)
+        .where(StepMetric.run_id.in_([r[0] for r in runs]), StepMetric.loss.is_not(None))
+        .order_by(StepMetric.run_id, StepMetric.step)
+    )
+    for run_id, step, loss in session.execute(stmt):
+        points.setdefault(run_id, []).append((step, loss))
+    out = {}
+    for run_id, seed, eval_raw in runs:
+        eval_steps, eval_losses = _eval_points(eval_raw)
+        if points.get(run_id) or eval_steps:
+            out[str(run_id)] = digest_curve(
+                points.get(run_id, []), list(zip(eval_steps, eval_losses)), run_id=str(run_id), seed=seed or 0
             )
     return out

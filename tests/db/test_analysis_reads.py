@@ -331,3 +331,41 @@ def test_a_cold_report_reads_digests_only_for_pairs_it_has_not_seen(pg_session_f
     again, sql = _statements(pg_engine, report)
     assert not any("digest_f64" in q or "run_loss_curves" in q for q in sql)
     assert again == first
+
+
+def test_imported_curves_get_a_verdict_and_an_effective_speedup(factory) -> None:
+    """Imports store their curves as step records, not as stored curves: the digests are made from the steps."""
+    import math
+
+    from core.contracts.clusters import LOCAL_CPU
+    from db.imports import insert_steps, step_chunks
+
+    spec = make_spec(precisions=["bf16", "fp8-tensorwise"], gpu_counts=[4])
+    runs, _ = expand(spec, LOCAL_CPU)
+    rng = random.Random(5)
+
+    def imported(r) -> RunResult:
+        stretch = 1.0 if r.precision == "bf16" else 0.95  # fp8 gets to each loss in 95% of the steps
+        res = _result(r.run_key(), rng, r.num_devices, num_steps=2)
+        curve = [2.0 + 10.0 / math.sqrt(t / stretch + 10) * (1 + rng.gauss(0, 0.01)) for t in range(1000)]
+        numerics = res.numerics.model_copy(update={"loss_curve": curve, "final_loss": curve[-1]})
+        return res.model_copy(update={"steps": [], "numerics": numerics})
+
+    with session_scope(factory) as s:
+        results = [imported(r) for r in runs]
+        exp, run_ids = record_imported(s, spec, runs, results)
+        store_results(s, list(zip(run_ids, results)))
+        for chunk in step_chunks(run_ids, results):
+            insert_steps(s, chunk)
+        exp_id = exp.id
+    with factory() as s:
+        points = db.points.load_scaling_points(s, exp_id)
+        digests = db.points.load_run_digests(s, run_ids)
+    assert sorted(digests) == sorted(map(str, run_ids)) and all(d.num_steps == 1000 for d in digests.values())
+    (sp,) = build_report_from_points(points, run_losses=digests).speedups
+    assert (
+        sp.loss_verdict in ("tracks", "differs", "inconclusive") and "no fp8 loss curve" not in sp.loss_verdict_reason
+    )
+    assert sp.steps_ratio == pytest.approx(0.95, abs=0.03) and sp.effective_speedup == pytest.approx(
+        sp.speedup / sp.steps_ratio
+    )
