@@ -8,8 +8,13 @@ training loss):
 - checkpoints: bf16's run at CHECKPOINTS of its steps (the last one: the end of its run). The target at a
   checkpoint t is the lowest smoothed bf16 loss up to t (the best it reached: an over-fitting held-out curve
   rises at the end), reached by bf16 at step t_bf16 (the first time its smoothed curve reaches it);
-- t_fp8: the first step where fp8's smoothed curve reaches the target (linear between smoothed points); none
-  when fp8 never gets there within its run: then the shortfall (fp8's lowest smoothed loss - target) / target;
+- t_fp8: the first step where fp8's smoothed curve reaches the target (linear between smoothed points). When
+  fp8 does not get there within its run (a recipe that tracks bf16 falls short by noise alone in about half its
+  seeds), the shortfall (fp8's lowest smoothed loss - target) / target is given, and the crossing is
+  extrapolated along the straight line through fp8's last quarter in log(step) (still falling), at most
+  MAX_EXTRAPOLATION of its steps past its end (`extrapolated`: true; on a curve still flattening in log(step)
+  the line gets there early, so the ratio is then a lower bound); beyond that, or on a curve no longer
+  falling, there is none;
 - steps_ratio_s = t_fp8 / t_bf16 at the end checkpoint (> 1: fp8 needs more steps for the same loss);
 - steps_ratio = mean over seeds; band = Z_BAND * sqrt(se_step^2 + se_seed^2): se_step from moving the target
   by the standard error of bf16's smoothed loss there (how far the crossing moves), se_seed =
@@ -33,6 +38,7 @@ from core.analysis.numerics import MIN_EVAL_POINTS, SEED_GAP_ALLOWANCE, Z_BAND, 
 
 CHECKPOINTS = (0.25, 0.5, 0.75, 0.9, 1.0)
 MIN_CURVE_POINTS = 4  # smoothed points of a curve needed to match losses
+MAX_EXTRAPOLATION = 0.25  # fp8's crossing is extrapolated at most this fraction of its steps past its end
 MIN_ELASTICITY = 0.01  # one seed on a curve flatter than this (relative loss per relative step): no band
 
 
@@ -68,6 +74,7 @@ class TimeToLoss(BaseModel):
     bf16_time_s: float | None = None  # wall-clock to the target at the measured step time
     fp8_time_s: float | None = None
     shortfall: float | None = None  # fp8 never reached the target: (fp8's lowest - target) / target, seed mean
+    extrapolated: bool = False  # fp8's crossing extrapolated past its end in some seed (see shortfall)
     matches: list[LossMatch] = []
 
 
@@ -82,6 +89,28 @@ def first_reach(curve: Sequence[tuple[float, float]], target: float) -> float | 
             return x0 + (x - x0) * (y0 - target) / (y0 - y) if y0 != y else x
         prev = (x, y) if math.isfinite(y) else None
     return None
+
+
+def extrapolated_reach(
+    curve: Sequence[tuple[float, float]], target: float, max_fraction: float = MAX_EXTRAPOLATION
+) -> float | None:
+    """Where the straight line through the last quarter of a (log step, loss) curve reaches target, at or after its
+    last step and at most max_fraction of its steps past it; None when the line does not fall or gets there
+    later."""
+    tail = [(math.log(x), y) for x, y in curve[-max(3, len(curve) // 4) :] if math.isfinite(y) and x > 0]
+    if len(tail) < 2:
+        return None
+    xs, ys = [x for x, _ in tail], [y for _, y in tail]
+    c = slope(xs, ys)  # loss per e-fold of steps: loss curves are closer to straight in log(step)
+    if c >= 0:
+        return None
+    x = max(math.exp(min(50.0, statistics.fmean(xs) + (target - statistics.fmean(ys)) / c)), curve[-1][0])
+    return x if x <= curve[-1][0] * (1 + max_fraction) else None
+
+
+def _reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    x = first_reach(curve, target)
+    return x if x is not None else extrapolated_reach(curve, target)
 
 
 def _best_by(curve: Sequence[tuple[float, float]], step: float) -> float | None:
@@ -207,24 +236,28 @@ def match_losses(
     t_bf16 = statistics.fmean(t_b for _, t_b, _, _ in end)
     common |= dict(target_loss=target, bf16_steps=t_bf16)
     missed = [(s, t, lowest) for s, (t, _, t_f, lowest) in zip(seeds, end) if t_f is None]
+    short = statistics.fmean((lowest - t) / t for _, t, lowest in missed) if missed else None
+    which = ", ".join(str(s) for s, *_ in missed)
     if missed:
-        short = statistics.fmean((lowest - t) / t for _, t, lowest in missed)
-        which = ", ".join(str(s) for s, *_ in missed)
-        return TimeToLoss(
-            reason=(
-                f"fp8 never reached bf16's end {source} loss {target:.4g} within its run (seed {which}): "
-                f"short by {short:+.2%}"
-            ),
-            shortfall=short,
-            **common,
-        )
+        ext = [extrapolated_reach(fc, t) if t_f is None else t_f for (fc, _, _), (t, _, t_f, _) in zip(curves, end)]
+        if any(x is None for x in ext):
+            return TimeToLoss(
+                reason=(
+                    f"fp8 never reached bf16's end {source} loss {target:.4g} within its run (seed {which}): short "
+                    f"by {short:+.2%}, more than the last quarter's slope makes up within "
+                    f"{MAX_EXTRAPOLATION:.0%} more steps"
+                ),
+                shortfall=short,
+                **common,
+            )
+        end = [(t, t_b, x, lowest) for (t, t_b, _, lowest), x in zip(end, ext)]
     ratios = [t_f / t_b for _, t_b, t_f, _ in end]
     ses = []
     for (fc, bc, b), (t, t_b, _, _) in zip(curves, end):
         se_l = _local_se(b, source, bc)
-        lo, hi = first_reach(fc, t - Z_BAND * se_l), first_reach(fc, t + Z_BAND * se_l)
-        if lo is None:  # fp8 does not reach the lower target: the crossing moves at least to its end
-            lo = fc[-1][0]
+        lo, hi = _reach(fc, t - Z_BAND * se_l), _reach(fc, t + Z_BAND * se_l)
+        if lo is None:  # not even by extrapolation: the crossing moves at least that far
+            lo = fc[-1][0] * (1 + MAX_EXTRAPOLATION)
         ses.append(abs((lo - hi) / 2 / Z_BAND / t_b) if hi is not None else 0.0)
     num = len(ratios)
     ratio = statistics.fmean(ratios)
@@ -248,13 +281,20 @@ def match_losses(
         noise = f"±{band:.3f}, seed spread and step noise, {num} seeds"
     else:
         noise = f"±{band:.3f}, step noise and a seed-spread allowance, one seed; 2+ seeds narrow it"
+    how = (
+        f"; extrapolated past fp8's end along its last quarter (seed {which} fell short by {short:+.2%} in the run)"
+        if missed
+        else ""
+    )
     return TimeToLoss(
         steps_ratio=ratio,
         steps_ratio_band=band,
         reason=(
             f"fp8 reaches bf16's end {source} loss {target:.4g} in {t_fp8:.0f} steps against {t_bf16:.0f}: "
-            f"steps_ratio {ratio:.3f} ({noise})"
+            f"steps_ratio {ratio:.3f} ({noise}){how}"
         ),
+        shortfall=short,
+        extrapolated=bool(missed),
         seed_allowance=allowance if allowance is not None and math.isfinite(allowance) else None,
         fp8_steps=t_fp8,
         **common,
@@ -274,7 +314,8 @@ def short_effective(t: TimeToLoss | None) -> str:
         return "-"
     if t.effective_speedup is not None:
         band = t.effective_speedup_band
-        return f"{t.effective_speedup:.2f}x" + (f" ±{band:.2f}" if band is not None else "")
+        mark = "~" if t.extrapolated else ""  # the crossing was extrapolated past fp8's end
+        return f"{mark}{t.effective_speedup:.2f}x" + (f" ±{band:.2f}" if band is not None else "")
     if t.shortfall is not None:
         return f"short {t.shortfall:.1%}"
     return "-"
