@@ -632,25 +632,36 @@ def load_run_losses(session: Session, experiment_id: int) -> dict[str, RunLosses
     return load_run_losses_many(session, [experiment_id])[experiment_id]
 
 
-_DIGESTS = (
-    sa.select(Run.id, Run.seed, RunLossCurve.digest_f64)
-    .join(RunLossCurve, RunLossCurve.run_id == Run.id)
-    .where(Run.id.in_(sa.bindparam("run_ids", expanding=True)), Run.status == "succeeded")
-)
+def _digests_select() -> sa.Select:
+    """Every named succeeded run with a stored curve, and the digest of the first (lowest id) of each seed of each
+    point only: the verdict and time to loss compare one run per seed (core.analysis.numerics.first_by_seed), so
+    a point of 100 repeats sends one digest per seed, not 100."""
+    first = sa.func.row_number().over(partition_by=(Run.experiment_id, *_POINT, Run.seed), order_by=Run.id) == 1
+    return (
+        sa.select(Run.id, Run.seed, sa.case((first, RunLossCurve.digest_f64)), first)
+        .join(RunLossCurve, RunLossCurve.run_id == Run.id)
+        .where(Run.id.in_(sa.bindparam("run_ids", expanding=True)), Run.status == "succeeded")
+    )
+
+
+_DIGESTS = _digests_select()
 
 
 def load_run_digests(session: Session, run_ids: Sequence[int | str]) -> dict[str, CurveDigest]:
-    """The curve digests (core.analysis.curves) of these runs, keyed by run id (str): the succeeded ones with a
-    loss curve. One query; curves stored without a digest (before digests were stored, or of another digest
-    version) are digested here from the stored curve and the result's held-out curve (one more query), and
-    succeeded runs without a stored curve (imported as step records) from their step losses (two more)."""
+    """The curve digests (core.analysis.curves) of these runs, keyed by run id (str): of the succeeded ones with a
+    loss curve, the first of each seed of each point (the runs a verdict reads). One query; curves stored
+    without a digest (before digests were stored, or of another digest version) are digested here from the
+    stored curve and the result's held-out curve (one more query), and succeeded runs without a stored curve
+    (imported as step records) from their step losses (two more)."""
     ids = sorted({int(i) for i in run_ids})
     out: dict[str, CurveDigest] = {}
     if not ids:
         return out
     redo, stored = [], set()
-    for run_id, seed, raw in session.execute(_DIGESTS, {"run_ids": ids}):
+    for run_id, seed, raw, first in session.execute(_DIGESTS, {"run_ids": ids}):
         stored.add(run_id)
+        if not first:
+            continue  # a later run of a seed the report reads the first run of
         d = unpack_digest(raw, str(run_id), seed or 0) if raw is not None else None
         if d is None:
             redo.append(run_id)

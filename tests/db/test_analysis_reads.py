@@ -331,6 +331,8 @@ def test_a_cold_report_reads_digests_only_for_pairs_it_has_not_seen(pg_session_f
     again, sql = _statements(pg_engine, report)
     assert not any("digest_f64" in q or "run_loss_curves" in q for q in sql)
     assert again == first
+    with pg_session_factory() as s:  # 2 precisions x 3 N x 2 repeats of seed 0: the first run of each point
+        assert sorted(db.points.load_run_digests(s, run_ids)) == sorted(str(i) for i in run_ids[::2])
 
 
 def test_imported_curves_get_a_verdict_and_an_effective_speedup(factory) -> None:
