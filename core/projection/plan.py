@@ -18,6 +18,8 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
+from pydantic import Field
+
 from core.analysis.scaling import ScalingReport
 from core.contracts.base import Frozen
 from core.projection.equal_loss import ratio_for, steps_ratios
@@ -49,10 +51,12 @@ class PlanOption(Frozen):
     note: str | None = None  # why a point looks odd (E above 100%, beyond the validated range)
     # at equal loss (core.projection.equal_loss): fp8 options need steps_ratio x the tokens to reach bf16's loss;
     # bf16 options: their own time; None when no steps_ratio was measured for the recipe
-    steps_ratio: float | None = None
-    time_at_equal_loss_hours: float | None = None
-    gpu_hours_at_equal_loss: float | None = None
-    equal_loss_note: str | None = None
+    steps_ratio: float | None = Field(None, description="fp8: measured fp8 steps / bf16 steps to the same loss.")
+    time_at_equal_loss_hours: float | None = Field(
+        None, description="Hours to reach the loss bf16 reaches with the token budget (fp8: steps_ratio x hours)."
+    )
+    gpu_hours_at_equal_loss: float | None = Field(None, description="N x time_at_equal_loss_hours.")
+    equal_loss_note: str | None = Field(None, description="Where the steps_ratio comes from when not measured at N.")
 
 
 class PlanRow(Frozen):
