@@ -1,4 +1,4 @@
-"""Synthetic loss curves with the noise of real ones (helpers for the numerics and time-to-loss tests).
+"""Synthetic loss curves with the noise of real ones, for the numerics and time-to-loss tests.
 
 Real paired runs (bench/results/2026-12-04-numerics-h200.json) show two kinds of step noise: the batch's own
 difficulty, large (tens of % of the loss step to step) and the same for fp8 and bf16 of one seed (same
