@@ -3,6 +3,7 @@
 fingerprints  experiment id -> change fingerprint, reused for Settings.etag_ttl_s (api.etag)
 answers       ETag -> a whole answer (/scaling JSON, CSV, PNG), Settings.report_cache_size entries
 point_values  a scaling point's aggregated values by the point's own fingerprint (db.points)
+numerics      an fp8/bf16 pair's loss verdict and matched losses by its runs (core.analysis.scaling.numerics_key)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from core.settings import Settings
 from db.points import fingerprints
 
 POINT_CACHE_SIZE = 100_000  # (series, N) points per process, ~300 bytes each
+NUMERICS_CACHE_SIZE = 20_000  # fp8/bf16 pairs per process, a few kB each (verdict, matched losses)
 
 
 class FingerprintCache:
@@ -124,9 +126,13 @@ class Caches:
     fingerprints: FingerprintCache
     answers: AnswerCache
     point_values: LruDict
+    numerics: LruDict
 
 
 def make_caches(settings: Settings) -> Caches:
     return Caches(
-        FingerprintCache(settings.etag_ttl_s), AnswerCache(settings.report_cache_size), LruDict(POINT_CACHE_SIZE)
+        FingerprintCache(settings.etag_ttl_s),
+        AnswerCache(settings.report_cache_size),
+        LruDict(POINT_CACHE_SIZE),
+        LruDict(NUMERICS_CACHE_SIZE),
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from core.analysis.scaling import ScalingReport, Series
+from core.analysis.scaling import ScalingReport, Series, SpeedupPoint
 
 
 class CompareExperiment(BaseModel):
@@ -37,6 +37,14 @@ class CompareRatio(BaseModel):
     ratio: float = Field(description="tokens_per_sec / reference_tokens_per_sec at the same N (x).")
     efficiency: float | None = None
     reference_efficiency: float | None = None
+    steps_ratio: float | None = Field(
+        None, description="fp8 series: fp8 steps / bf16 steps to bf16's end loss in this experiment (time to loss)."
+    )
+    reference_steps_ratio: float | None = None
+    effective_speedup: float | None = Field(
+        None, description="fp8 series: the speedup at equal loss (speedup / steps_ratio) in this experiment."
+    )
+    reference_effective_speedup: float | None = None
 
 
 class CompareRead(BaseModel):
@@ -50,8 +58,17 @@ def _match_key(s: Series) -> tuple[str, str, int, str, str, str]:
     return (k.engine, k.model, k.num_layers, k.precision, k.layout, k.scaling)
 
 
+def _speedups(e: CompareExperiment) -> dict[tuple, SpeedupPoint]:
+    return {
+        (sp.engine, sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices): sp
+        for sp in e.report.speedups
+    }
+
+
 def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[CompareRatio]:
-    """X_other(N) / X_reference(N) for every matching series and every N measured in both."""
+    """X_other(N) / X_reference(N) for every matching series and every N measured in both; fp8 series also
+    carry each experiment's time to loss (steps_ratio, effective_speedup)."""
+    sp_ref, sp_other = _speedups(reference), _speedups(other)
     ref_series: dict[tuple[str, str, int, str, str, str], list[Series]] = {}
     for s in reference.report.series:
         ref_series.setdefault(_match_key(s), []).append(s)
@@ -64,6 +81,8 @@ def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[Compa
                 if not p.tokens_per_sec or rp is None or rp.tokens_per_sec is None:
                     continue
                 k = s.key
+                mine = sp_other.get((*_match_key(s), k.cluster, p.num_devices))
+                theirs = sp_ref.get((*_match_key(ref), ref.key.cluster, p.num_devices))
                 out.append(
                     CompareRatio(
                         engine=k.engine,
@@ -82,6 +101,10 @@ def ratios(reference: CompareExperiment, other: CompareExperiment) -> list[Compa
                         ratio=p.tokens_per_sec / rp.tokens_per_sec,
                         efficiency=p.efficiency,
                         reference_efficiency=rp.efficiency,
+                        steps_ratio=mine.steps_ratio if mine else None,
+                        reference_steps_ratio=theirs.steps_ratio if theirs else None,
+                        effective_speedup=mine.effective_speedup if mine else None,
+                        reference_effective_speedup=theirs.effective_speedup if theirs else None,
                     )
                 )
     return out

@@ -84,6 +84,8 @@ def _row(o: dict[str, Any], with_cost: bool) -> list[str]:
         _span(o.get("time_to_train_hours_low"), o.get("time_to_train_hours_high"), _hours),
         f"{o['gpu_hours']:,.0f}",
         _span(o.get("gpu_hours_low"), o.get("gpu_hours_high"), lambda v: f"{v:,.0f}"),
+        "-" if o.get("time_at_equal_loss_hours") is None else _hours(o["time_at_equal_loss_hours"]),
+        "-" if o.get("gpu_hours_at_equal_loss") is None else f"{o['gpu_hours_at_equal_loss']:,.0f}",
     ]
     return cells + ([f"{o['cost']:,.0f}"] if with_cost else [])
 
@@ -108,6 +110,8 @@ def plan_table(plan: dict[str, Any], every_option: bool = False) -> Table:
         "time 80%",
         "GPU-hours",
         "GPU-h 80%",
+        "time @ loss",
+        "GPU-h @ loss",
     ) + (("cost",) if with_cost else ()):
         text_col = col in ("precision", "layout", "source")
         table.add_column(col, justify="left" if text_col else "right", no_wrap=not text_col)
@@ -127,7 +131,9 @@ def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
     console.print(plan_table(plan, every_option))
     console.print(
         "±80%, 80%: the projection's 80% prediction interval (from its misses on published results it "
-        "was not fitted to, wider with each doubling of N); measured points have none",
+        "was not fitted to, wider with each doubling of N); measured points have none. @ loss: at equal loss, "
+        "fp8 needing steps_ratio x the tokens to reach the loss bf16 reaches with the budget (measured time to "
+        "loss; - where none was measured)",
         highlight=False,
     )
     for o in _shown(plan, every_option):

@@ -16,6 +16,7 @@ from cli.client import ApiClient
 from core.analysis.breakdown import ExperimentBreakdown
 from core.analysis.numerics import short_verdict
 from core.analysis.scaling import ScalingReport
+from core.analysis.time_to_loss import short_effective
 
 
 def fetch_report(client: ApiClient, experiment_id: int) -> tuple[ScalingReport, list[dict[str, Any]]]:
@@ -136,12 +137,16 @@ def speedup_table(report: ScalingReport) -> Table:
     table = Table(
         title="fp8 speedup S(N) = X_fp8(N) / X_bf16(N)",
         title_justify="left",
-        caption="fp8 loss vs bf16: gap of the mean loss over the last min(50, steps/4) steps (held-out loss "
-        "when evaluated) ± its noise band (steps and seeds); tracks: gap within 1% with a band "
-        "narrower than 1%; differs: gap beyond 1% and the band",
+        caption="steps ratio: fp8 steps / bf16 steps to the loss bf16 reached at the end of its run (> 1: fp8 "
+        "needs more); at equal loss: speedup / steps ratio, ± the band from the seeds (short x%: fp8 never "
+        "reached that loss). fp8 loss vs bf16: the gap at the end of the run from a line through the gap over "
+        "the last quarter (held-out loss when evaluated) ± its band (steps and seeds; one seed: plus a "
+        "seed-spread allowance); tracks: within 1% with a band narrower than 1%; differs: beyond 1% and the band; "
+        "inconclusive while the gap itself still moves",
         caption_justify="left",
     )
-    for col in ("fp8 recipe", "layout", "N", "fp8 tok/s", "bf16 tok/s", "speedup", "fp8 loss vs bf16"):
+    cols = ("fp8 recipe", "layout", "N", "fp8 tok/s", "bf16 tok/s", "speedup", "steps ratio", "at equal loss")
+    for col in (*cols, "fp8 loss vs bf16"):
         table.add_column(col, justify="left" if col in ("fp8 recipe", "layout", "fp8 loss vs bf16") else "right")
     for sp in report.speedups:
         loss = (
@@ -156,6 +161,10 @@ def speedup_table(report: ScalingReport) -> Table:
             f"{sp.fp8_tokens_per_sec:,.0f}",
             f"{sp.bf16_tokens_per_sec:,.0f}",
             f"{sp.speedup:.2f}x",
+            f"{sp.steps_ratio:.3f} ±{sp.steps_ratio_band:.3f}"
+            if sp.steps_ratio is not None and sp.steps_ratio_band is not None
+            else _num(sp.steps_ratio, ".3f"),
+            short_effective(sp.time_to_loss),
             loss,
         )
     return table

@@ -143,7 +143,7 @@ def curve_chunks(
     size = 0
     for run_id, run_steps in zip(run_ids, steps):
         if points := run_steps.losses():
-            chunk.append(loss_curve_row(run_id, points))
+            chunk.append(loss_curve_row(run_id, points, run_steps.evals))
             size += min(len(points), STORED_CURVE_POINTS)
             if size >= values_per_chunk:
                 yield chunk

@@ -11,8 +11,10 @@ speedup use the same definitions as the curves):
   fp8_loss_gap               |fp8 - bf16| / bf16 final loss (core.analysis.regression.fp8_loss_gap)
   numerics                   1 when the fp8 loss verdict is `differs`, 0 when `tracks` (absent: inconclusive);
                              a `differs` night is a regression of kind numerics (core.analysis.regression, limit 0.5)
+  effective_speedup          S(N) / steps_ratio (core.analysis.time_to_loss); absent when fp8 did not reach bf16's
+                             end loss or a curve is missing
 
-Loading is three queries whatever the number of nights (runs LEFT JOIN summaries, experiments, loss curves).
+Loading is three queries whatever the number of nights (runs LEFT JOIN summaries, experiments, curve digests).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from core.analysis.numerics import RunLosses
+from core.analysis.curves import CurveDigest
 from core.analysis.regression import fp8_loss_gap, numerics_value
 from core.analysis.scaling import RunPoint, ScalingPoint, SpeedupPoint, build_report
 from db.models import Experiment, Run, RunSummary
-from db.points import load_run_losses_many
+from db.points import load_run_digests
 
 PointKey = tuple[str, str]  # (run_key, cluster)
 
@@ -114,11 +116,16 @@ def _load_rows(session: Session, experiment_ids: Sequence[int]) -> dict[int, lis
 
 
 def _metrics(
-    sp: ScalingPoint, baseline_n: int | None, loss_gap: float | None, numerics: float | None = None
+    sp: ScalingPoint,
+    baseline_n: int | None,
+    loss_gap: float | None,
+    numerics: float | None = None,
+    effective_speedup: float | None = None,
 ) -> dict[str, float]:
     values = {
         "tokens_per_sec": sp.tokens_per_sec,
         "fp8_speedup": sp.fp8_speedup,
+        "effective_speedup": effective_speedup,
         "peak_memory_allocated_gib": sp.peak_memory_allocated_gib,
         "fp8_loss_gap": loss_gap,
         "numerics": numerics,
@@ -136,7 +143,7 @@ def _loss_gap(sp: SpeedupPoint) -> float | None:
 
 
 def _nights_of(
-    exp_id: int, timestamp: datetime, rows: list[_RunRow], run_losses: dict[str, RunLosses] | None = None
+    exp_id: int, timestamp: datetime, rows: list[_RunRow], run_losses: dict[str, CurveDigest] | None = None
 ) -> dict[PointKey, PointNight]:
     report = build_report([r.run for r in rows], run_losses=run_losses)
     by_point: dict[tuple[object, ...], tuple[ScalingPoint, int | None]] = {}
@@ -153,6 +160,7 @@ def _nights_of(
     }
     gaps = {ident: _loss_gap(sp) for ident, sp in speedups.items()}
     verdicts = {ident: numerics_value(sp.loss_verdict) for ident, sp in speedups.items()}
+    effective = {ident: sp.effective_speedup for ident, sp in speedups.items()}
     groups: dict[PointKey, list[_RunRow]] = {}
     for r in rows:
         groups.setdefault((r.run_key, r.run.cluster), []).append(r)
@@ -174,7 +182,11 @@ def _nights_of(
             status=status,
             run_id=int(chosen.run.run_id),
             environment=chosen.environment,
-            metrics=(_metrics(sp, n0, gaps.get(ident), verdicts.get(ident)) if status == "succeeded" else {}),
+            metrics=(
+                _metrics(sp, n0, gaps.get(ident), verdicts.get(ident), effective.get(ident))
+                if status == "succeeded"
+                else {}
+            ),
             label=label,
         )
     return out
@@ -189,5 +201,12 @@ def load_nights(session: Session, experiment_ids: Sequence[int]) -> dict[int, di
         i: t for i, t in session.execute(sa.select(Experiment.id, Experiment.created_at).where(Experiment.id.in_(ids)))
     }
     rows = _load_rows(session, ids)
-    losses = load_run_losses_many(session, ids)
-    return {i: _nights_of(i, stamps[i], rows[i], losses[i]) if i in stamps else {} for i in ids}
+    digests = load_run_digests(session, [r.run.run_id for i in ids for r in rows[i] if r.run.status == "succeeded"])
+    return {
+        i: _nights_of(
+            i, stamps[i], rows[i], {str(r.run.run_id): d for r in rows[i] if (d := digests.get(str(r.run.run_id)))}
+        )
+        if i in stamps
+        else {}
+        for i in ids
+    }

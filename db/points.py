@@ -9,6 +9,8 @@ step_metrics for a run recorded since loss curves are stored (record_result stor
   fingerprints         1 query  (per-status counts and max timestamps; no step_metrics scan)
   loss_curves          2 queries (every succeeded run with its seed and held-out curve, then the stored
                        curves), + 1 for runs stored before curves were (their steps thinned in SQL)
+  load_run_digests     1 query (the named runs' curve digests), + 1 for curves stored before digests were
+                       (digested on the fly); a report asks only for the pairs its cache lacks
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import ColumnExpressionArgument
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from core.analysis.curves import DIGEST_VERSION, CurveDigest, digest_curve
 from core.analysis.numerics import RunLosses
 from core.analysis.scaling import PointRuns, PointValues, RunPoint, SeriesKey, aggregate_points
 from core.contracts.specs import FP8_PRECISIONS
@@ -427,9 +430,40 @@ def _unpacked(typecode: str, raw: bytes) -> list[Any]:
     return a.tolist()
 
 
-def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict[str, Any]:
+def pack_digest(d: CurveDigest) -> bytes:
+    """A CurveDigest as float64s: version, num_steps, bins, evals, then its tuples in field order."""
+    nb, ne = len(d.bin_steps), len(d.eval_steps)
+    head = [float(DIGEST_VERSION), float(d.num_steps), float(nb), float(ne)]
+    return _packed("d", head + [*d.bin_steps, *d.bin_losses, *d.bin_sds, *d.bin_counts, *d.eval_steps, *d.eval_losses])
+
+
+def unpack_digest(raw: bytes, run_id: str, seed: int) -> CurveDigest | None:
+    """The digest of pack_digest (None for another version: it is then digested again from the curve)."""
+    v = _unpacked("d", raw)
+    if len(v) < 4 or v[0] != DIGEST_VERSION:
+        return None
+    nb, ne = int(v[2]), int(v[3])
+    o = 4
+    cut = [o + i * nb for i in range(5)] + [o + 4 * nb + ne, o + 4 * nb + 2 * ne]
+    return CurveDigest(
+        run_id=run_id,
+        seed=seed,
+        num_steps=int(v[1]),
+        bin_steps=tuple(v[cut[0] : cut[1]]),
+        bin_losses=tuple(v[cut[1] : cut[2]]),
+        bin_sds=tuple(v[cut[2] : cut[3]]),
+        bin_counts=tuple(int(c) for c in v[cut[3] : cut[4]]),
+        eval_steps=tuple(int(s) for s in v[cut[4] : cut[5]]),
+        eval_losses=tuple(v[cut[5] : cut[6]]),
+    )
+
+
+def loss_curve_row(
+    run_id: int, points: Sequence[tuple[int, float]], eval_points: Sequence[tuple[int, float | None]] = ()
+) -> dict[str, Any]:
     """The run_loss_curves row of a run's (step, loss) points (any order, at least one; None losses left
-    out): thinned to at most STORED_CURVE_POINTS, arrays packed."""
+    out): thinned to at most STORED_CURVE_POINTS, arrays packed, and the digest of every point and of the
+    held-out (step, loss) points (core.analysis.curves.digest_curve)."""
     ordered = sorted(points)
     kept = _thin(ordered, STORED_CURVE_POINTS)
     return dict(
@@ -438,14 +472,21 @@ def loss_curve_row(run_id: int, points: Sequence[tuple[int, float]]) -> dict[str
         stride=_stride(len(ordered), STORED_CURVE_POINTS),
         steps_i64=_packed("q", [s for s, _ in kept]),
         losses_f64=_packed("d", [v for _, v in kept]),
+        digest_f64=pack_digest(digest_curve(ordered, eval_points)),
     )
 
 
-def store_loss_curve(session: Session, run_id: int, points: Sequence[tuple[int, float]]) -> None:
-    """Store (replace) a run's loss curve; nothing is stored for a run without losses."""
+def store_loss_curve(
+    session: Session,
+    run_id: int,
+    points: Sequence[tuple[int, float]],
+    eval_points: Sequence[tuple[int, float | None]] = (),
+) -> None:
+    """Store (replace) a run's loss curve and its digest (with the held-out points, when measured); nothing is
+    stored for a run without losses."""
     session.execute(sa.delete(RunLossCurve).where(RunLossCurve.run_id == run_id))
     if points:
-        session.execute(sa.insert(RunLossCurve).values(**loss_curve_row(run_id, points)))
+        session.execute(sa.insert(RunLossCurve).values(**loss_curve_row(run_id, points, eval_points)))
 
 
 def _curve_runs(session: Session, experiment_id: int, num_devices: int | None) -> list[sa.Row[*tuple[Any, ...]]]:
@@ -592,8 +633,9 @@ def _eval_points(raw: Any) -> tuple[tuple[int, ...], tuple[float | None, ...]]:
 
 
 def load_run_losses_many(session: Session, experiment_ids: Sequence[int]) -> dict[int, dict[str, RunLosses]]:
-    """The loss curves the fp8 loss verdict compares (core.analysis.numerics), keyed by experiment id then run id (str):
-    every succeeded bf16 and fp8 run with a stored curve, its seed and its held-out (eval) curve. One query."""
+    """The whole stored loss curves of every succeeded bf16 and fp8 run of these experiments (keyed by
+    experiment id then run id, str), with seed and held-out curve. One query. The reports read digests
+    (load_run_digests) instead; this is for whoever needs the curves themselves."""
     stmt = (
         sa.select(
             Run.experiment_id,
@@ -627,3 +669,88 @@ def load_run_losses_many(session: Session, experiment_ids: Sequence[int]) -> dic
 
 def load_run_losses(session: Session, experiment_id: int) -> dict[str, RunLosses]:
     return load_run_losses_many(session, [experiment_id])[experiment_id]
+
+
+def _digests_select() -> sa.Select:
+    """Every named succeeded run with a stored curve, and the digest of the first (lowest id) of each seed of each
+    point only: the verdict and time to loss compare one run per seed (core.analysis.numerics.first_by_seed), so
+    a point of 100 repeats sends one digest per seed, not 100."""
+    first = sa.func.row_number().over(partition_by=(Run.experiment_id, *_POINT, Run.seed), order_by=Run.id) == 1
+    return (
+        sa.select(Run.id, Run.seed, sa.case((first, RunLossCurve.digest_f64)), first)
+        .join(RunLossCurve, RunLossCurve.run_id == Run.id)
+        .where(Run.id.in_(sa.bindparam("run_ids", expanding=True)), Run.status == "succeeded")
+    )
+
+
+_DIGESTS = _digests_select()
+
+
+def load_run_digests(session: Session, run_ids: Sequence[int | str]) -> dict[str, CurveDigest]:
+    """The curve digests (core.analysis.curves) of these runs, keyed by run id (str): of the succeeded ones with a
+    loss curve, the first of each seed of each point (the runs a verdict reads). One query; curves stored
+    without a digest (before digests were stored, or of another digest version) are digested here from the
+    stored curve and the result's held-out curve (one more query), and succeeded runs without a stored curve
+    (imported as step records) from their step losses (two more)."""
+    ids = sorted({int(i) for i in run_ids})
+    out: dict[str, CurveDigest] = {}
+    if not ids:
+        return out
+    redo, stored = [], set()
+    for run_id, seed, raw, first in session.execute(_DIGESTS, {"run_ids": ids}):
+        stored.add(run_id)
+        if not first:
+            continue  # a later run of a seed the report reads the first run of
+        d = unpack_digest(raw, str(run_id), seed or 0) if raw is not None else None
+        if d is None:
+            redo.append(run_id)
+        else:
+            out[str(run_id)] = d
+    if absent := [i for i in ids if i not in stored]:
+        out |= _digests_from_steps(session, absent)
+    if redo:
+        stmt = (
+            sa.select(
+                Run.id,
+                Run.seed,
+                RunLossCurve.steps_i64,
+                RunLossCurve.losses_f64,
+                _eval_curve_column(session.get_bind().dialect.name),
+            )
+            .join(RunLossCurve, RunLossCurve.run_id == Run.id)
+            .where(Run.id.in_(redo))
+        )
+        for run_id, seed, steps_raw, losses_raw, eval_raw in session.execute(stmt):
+            eval_steps, eval_losses = _eval_points(eval_raw)
+            points = list(zip(_unpacked("q", steps_raw), _unpacked("d", losses_raw)))
+            out[str(run_id)] = digest_curve(
+                points, list(zip(eval_steps, eval_losses)), run_id=str(run_id), seed=seed or 0
+            )
+    return out
+
+
+def _digests_from_steps(session: Session, run_ids: list[int]) -> dict[str, CurveDigest]:
+    """Digests of succeeded runs that have step losses but no stored curve, from their step rows."""
+    runs = session.execute(
+        sa.select(Run.id, Run.seed, _eval_curve_column(session.get_bind().dialect.name)).where(
+            Run.id.in_(run_ids), Run.status == "succeeded"
+        )
+    ).all()
+    if not runs:
+        return {}
+    points: dict[int, list[tuple[int, float]]] = {}
+    stmt = (
+        sa.select(StepMetric.run_id, StepMetric.step, StepMetric.loss)
+        .where(StepMetric.run_id.in_([r[0] for r in runs]), StepMetric.loss.is_not(None))
+        .order_by(StepMetric.run_id, StepMetric.step)
+    )
+    for run_id, step, loss in session.execute(stmt):
+        points.setdefault(run_id, []).append((step, loss))
+    out = {}
+    for run_id, seed, eval_raw in runs:
+        eval_steps, eval_losses = _eval_points(eval_raw)
+        if points.get(run_id) or eval_steps:
+            out[str(run_id)] = digest_curve(
+                points.get(run_id, []), list(zip(eval_steps, eval_losses)), run_id=str(run_id), seed=seed or 0
+            )
+    return out

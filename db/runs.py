@@ -238,7 +238,8 @@ def _store_metrics(session: Session, run_id: int, result: RunResult) -> None:
         session.execute(
             sa.insert(RunSummary).values(run_id=run_id, final_loss=final_loss, **result.summary.model_dump())
         )
-    store_loss_curve(session, run_id, [(s.step, s.loss) for s in result.steps if s.loss is not None])
+    held_out = [(p.step, p.loss) for p in result.numerics.eval_curve] if result.numerics else []
+    store_loss_curve(session, run_id, [(s.step, s.loss) for s in result.steps if s.loss is not None], held_out)
 
 
 def record_result(session: Session, run_id: int, result: RunResult, now: datetime | None = None) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import MutableMapping
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
@@ -27,7 +28,7 @@ from api.caches import AnswerCache, LruDict
 from api.compare import CompareExperiment, CompareRead, compare
 from api.deps import NOT_MODIFIED, ExperimentId, ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
-from core.analysis.scaling import ScalingReport, build_report_from_points, to_csv
+from core.analysis.scaling import ScalingReport, build_report_from_points, loss_pairs, numerics_key, to_csv
 from core.contracts.clusters import Cluster
 from db.models import Experiment
 from db.points import LossCurve
@@ -93,12 +94,25 @@ def _report(
     request: Request, session: Session, experiment_id: int, baseline: int | None, full_size: int | None
 ) -> ScalingReport:
     points = db.points.load_scaling_points(session, experiment_id, _point_values(request))
-    run_losses = db.points.load_run_losses(session, experiment_id)  # the fp8 loss verdicts' curves
+    cache = request.app.state.caches.numerics
+    run_losses = _missing_digests(session, points, cache)
     session.close()  # hand the connection back before the CPU-bound build (loaded rows stay usable)
     sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points})
     return build_report_from_points(
-        points, baseline_num_devices=baseline, full_size_by_cluster=sizes, run_losses=run_losses
+        points,
+        baseline_num_devices=baseline,
+        full_size_by_cluster=sizes,
+        run_losses=run_losses,
+        numerics_cache=cache,
     )
+
+
+def _missing_digests(session: Session, points: list, cache: MutableMapping) -> dict:
+    """The curve digests of the runs of the fp8/bf16 pairs whose verdict and matched losses are not cached yet
+    (one query, none when all are): a cold read recomputes only the pairs whose runs changed."""
+    missing = [pair for pair in loss_pairs(points) if numerics_key(*pair) not in cache]
+    ids = {i for f, b in missing for i in (*f.run_ids, *b.run_ids)}
+    return db.points.load_run_digests(session, list(ids)) if ids else {}
 
 
 @router.get(
@@ -110,6 +124,12 @@ def _report(
         200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with ?format=csv"},
     },
     summary="Scaling curves: X(N), E(N), fp8 speedup, MFU, memory, Amdahl/USL fits (JSON or CSV)",
+    description=(
+        "Each fp8 point of `speedups` carries its loss verdict against bf16 (loss_verdict, loss_gap, loss_gap_band, "
+        "loss_numerics: the gap at the end of the run and its drift) and the time to the same loss (steps_ratio, "
+        "effective_speedup = speedup / steps_ratio, their bands, time_to_loss with the matched checkpoints), "
+        "computed from curve digests stored with each run and cached per pair."
+    ),
 )
 def get_scaling(
     experiment_id: ExperimentId,
@@ -329,7 +349,8 @@ def get_compare(
 
     def build() -> tuple[str, bytes]:
         points = db.points.load_scaling_points_many(session, ids, _point_values(request))
-        run_losses = db.points.load_run_losses_many(session, ids)
+        cache = request.app.state.caches.numerics
+        run_losses = _missing_digests(session, [p for i in ids for p in points[i]], cache)
         session.close()  # hand the connection back before the CPU-bound builds
         out = []
         for i in ids:
@@ -338,7 +359,8 @@ def get_compare(
                 points[i],
                 baseline_num_devices=baseline_num_devices,
                 full_size_by_cluster=sizes,
-                run_losses=run_losses[i],
+                run_losses=run_losses,
+                numerics_cache=cache,
             )
             out.append(
                 CompareExperiment(

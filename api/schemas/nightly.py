@@ -18,7 +18,13 @@ from db.models import (
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 RegressionStatus = Literal["suspected", "confirmed", "recovered", "improved", "failed"]
 MetricName = Literal[
-    "tokens_per_sec", "efficiency", "fp8_speedup", "peak_memory_allocated_gib", "fp8_loss_gap", "run_status"
+    "tokens_per_sec",
+    "efficiency",
+    "fp8_speedup",
+    "effective_speedup",
+    "peak_memory_allocated_gib",
+    "fp8_loss_gap",
+    "run_status",
 ]
 WebhookEvent = Literal[
     "regression.suspected", "regression.confirmed", "regression.failed", "regression.recovered", "regression.improved"

@@ -154,7 +154,7 @@ function scalingPanel(el, series, counts, style, kind) {
   const datasets = [...data];
   if (kind === "throughput") datasets.push(...SB.idealDatasets(series, style));
   if (kind === "efficiency") datasets.push(SB.refLine(counts, 100, "ideal (100%)"));
-  if (kind === "speedup") datasets.push(SB.refLine(counts, 1, "no speedup (1×)"));
+  if (kind === "speedup") datasets.push(SB.refLine(counts, 1, "no speedup (1×)"), ...effectiveDatasets(series, style));
   if (kind === "engine") datasets.push(SB.refLine(counts, 1, "as fast as scalebench (1×)"));
   if (kind !== "speedup" && kind !== "engine") { const f = SB.failedDataset(series, failedAt, style); if (f) datasets.push(f); }
   const y = log ? { type: "logarithmic", min: failedAt / 1.3, title: { display: true, text: title }, ticks: { callback: SB.logTick } }
@@ -165,7 +165,25 @@ function scalingPanel(el, series, counts, style, kind) {
   SB.drawChart(el, "line", { datasets }, SB.chartOptions(SB.gpuAxis(counts), y, unit));
 }
 
+// The speedup at equal loss, S(N) / steps_ratio (speedups[].effective_speedup, core.analysis.time_to_loss), drawn
+// beside S(N) for each fp8 series: thin dotted line, error bars as the band in the tooltip.
+let speedupsByKey = new Map();
+
+function effectiveDatasets(series, style) {
+  return series.map((s) => {
+    const k = s.key;
+    const data = s.points.map((p) => speedupsByKey.get([k.engine || "scalebench", k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, p.num_devices].join("|")))
+      .filter((sp) => sp && sp.effective_speedup != null)
+      .map((sp) => ({ x: sp.num_devices, y: sp.effective_speedup, band: sp.effective_speedup_band }));
+    if (!data.length) return null;
+    const color = style.color(s);
+    return { label: `${style.label(s)} at equal loss (S / steps ratio)`, data, borderColor: color, backgroundColor: color,
+      borderDash: [1, 3], borderWidth: 1.4, pointRadius: 3, pointStyle: "triangle" };
+  }).filter(Boolean);
+}
+
 function renderScaling(report) {
+  speedupsByKey = new Map((report.speedups || []).map((sp) => [[sp.engine || "scalebench", sp.model, sp.num_layers, sp.precision, sp.layout, sp.scaling, sp.cluster, sp.num_devices].join("|"), sp]));
   const style = styleFor(report.series);
   for (const kind of ["throughput", "efficiency", "speedup", "engine", "mfu", "memory"]) {
     const series = kind === "speedup" ? report.series.filter((s) => s.key.precision.startsWith("fp8"))
@@ -234,6 +252,22 @@ function seedDatasets(group, label, color, dash) {
       data: at(mean), borderWidth: 1.6, ...counted }];
 }
 
+// Time to the same loss (speedups[].time_to_loss.matches): at each checkpoint, the loss bf16 reached (circle at
+// the step it got there) and the step fp8 got there (triangle), joined by a line: its length is the steps fp8
+// needed more (or fewer). The matched loss is the smoothed held-out or training loss (the legend says which).
+function matchedPoints(n) {
+  return lossVerdicts.filter((sp) => sp.num_devices === n && sp.time_to_loss && (sp.time_to_loss.matches || []).length)
+    .map((sp, i) => {
+      const t = sp.time_to_loss, color = SB.colorOf(sp.precision, i);
+      const data = t.matches.flatMap((m) => m.fp8_step == null ? [{ x: m.bf16_step, y: m.loss }, { x: null, y: null }]
+        : [{ x: m.bf16_step, y: m.loss }, { x: m.fp8_step, y: m.loss }, { x: null, y: null }]);
+      const ratio = t.steps_ratio == null ? (t.shortfall == null ? "" : `: short ${(100 * t.shortfall).toFixed(1)}%`)
+        : `: steps ratio ${t.steps_ratio.toFixed(3)}${t.effective_speedup == null ? "" : `, ${t.effective_speedup.toFixed(2)}× at equal loss`}`;
+      return { label: `same loss ${sp.precision} · ${sp.layout}${ratio} (${t.source} loss, smoothed)`, data,
+        borderColor: color, backgroundColor: color, borderWidth: 1, pointRadius: 4, pointStyle: "triangle", spanGaps: false };
+    });
+}
+
 function drawLosses(losses, n) {
   const el = document.getElementById("chart-loss");
   const curves = losses ? losses.curves.filter((c) => c.num_devices === n) : [];
@@ -251,7 +285,7 @@ function drawLosses(losses, n) {
     const label = `${multiEngine ? `${c.engine} · ` : ""}${c.precision} · ${c.layout}`;
     return seedDatasets(group, label, SB.colorOf(c.precision, i), SB.LAYOUT_DASHES[layouts.indexOf(c.layout) % 4]);
   });
-  datasets.push(...verdictWindows(curves, n));
+  datasets.push(...verdictWindows(curves, n), ...matchedPoints(n));
   const opts = SB.chartOptions({ type: "linear", title: { display: true, text: `step (N=${n} GPUs)` } },
     { type: "linear", title: { display: true, text: "training loss" } }, "");
   const legend = opts.plugins && opts.plugins.legend;

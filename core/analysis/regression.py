@@ -72,6 +72,9 @@ DEFAULT_METRICS: dict[str, MetricConfig] = {
     # the fp8 loss verdict (core.analysis.numerics): 1 = differs (outside its noise band and the 1% tolerance),
     # 0 = tracks; a night that says differs is a regression of kind numerics, history aside
     "numerics": MetricConfig("numerics", higher_is_better=False, limit=0.5),
+    # S(N) / steps_ratio (core.analysis.time_to_loss): the throughput speedup that survives fp8's per-step loss
+    # penalty; nights where fp8 did not reach bf16's loss give no value
+    "effective_speedup": MetricConfig("effective_speedup"),
 }
 
 

@@ -20,12 +20,15 @@ import functools
 import io
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from pydantic import Field
 
 from core.analysis.fits import MIN_FIT_POINTS, AmdahlParams, FitRefused, USLParams, fit_amdahl, fit_usl
-from core.analysis.numerics import LossVerdict, RunLosses, loss_verdict
+from core.analysis.numerics import Curves, LossVerdict, loss_verdict
+from core.analysis.time_to_loss import TimeToLoss, match_losses, price
 from core.contracts.base import Frozen
 from core.contracts.specs import FP8_PRECISIONS, resolve_layout
 
@@ -159,6 +162,22 @@ class SpeedupPoint(Frozen):
     loss_gap_band: float | None = None  # half-width of the noise band of loss_gap
     loss_verdict_reason: str | None = None
     loss_numerics: LossVerdict | None = None
+    # Time to the same loss (core.analysis.time_to_loss): fp8 steps / bf16 steps to reach bf16's end loss (> 1: fp8
+    # needs more), and the speedup that survives it, S(N) / steps_ratio, each with a band from the seeds; None
+    # with the reason in time_to_loss (e.g. fp8 never reached bf16's loss: time_to_loss.shortfall says by how much).
+    steps_ratio: float | None = Field(
+        None,
+        description="fp8 steps / bf16 steps to reach the loss bf16 reached at the end of its run (> 1: fp8 needs more)",
+    )
+    steps_ratio_band: float | None = Field(None, description="Half-width of steps_ratio's band (seeds and step noise).")
+    effective_speedup: float | None = Field(
+        None, description="speedup / steps_ratio: the throughput speedup at equal loss; null: see time_to_loss.reason"
+    )
+    effective_speedup_band: float | None = Field(None, description="Half-width of effective_speedup's band.")
+    time_to_loss: TimeToLoss | None = Field(
+        None,
+        description="Time to the same loss: targets, steps, tokens and seconds to them, matched points, shortfall.",
+    )
 
 
 class EngineRatioPoint(SeriesKey):
@@ -235,7 +254,7 @@ def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> P
     ok = [r for r in succeeded if _usable_throughput(r)]
     num_invalid = len(succeeded) - len(ok)  # counted as failed: nothing usable was measured
     num_failed = sum(r.status == "failed" for r in runs) + num_invalid
-    xs = [r.tokens_per_sec for r in ok if r.tokens_per_sec is not None]  # all of ok: succeeded has a value
+    xs = [r.tokens_per_sec for r in ok]
     return PointRuns(
         key=key,
         num_devices=num_devices,
@@ -259,7 +278,7 @@ def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> P
 def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
     """One PointRuns per (series, N), series in order of their first run, N in order of first appearance."""
     groups: dict[tuple[SeriesKey, int], list[RunPoint]] = {}
-    keys: dict[tuple[object, ...], SeriesKey] = {}
+    keys: dict[tuple, SeriesKey] = {}
     for r in runs:
         raw = (r.engine, r.model, r.num_layers, r.precision, r.layout, r.scaling, r.cluster)
         key = keys.get(raw) or keys.setdefault(raw, _key(r))
@@ -267,7 +286,7 @@ def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
     return [_point_runs(key, n, rs) for (key, n), rs in groups.items()]
 
 
-def _point(p: PointRuns, noisy_spread: float) -> dict[str, Any]:
+def _point(p: PointRuns, noisy_spread: float) -> dict:
     """The fields of a ScalingPoint (efficiency and fp8 speedup are added by the series)."""
     base = dict(
         num_devices=p.num_devices,
@@ -281,9 +300,8 @@ def _point(p: PointRuns, noisy_spread: float) -> dict[str, Any]:
     if not p.num_succeeded:
         status: PointStatus = "failed" if p.num_failed and not p.num_pending else "pending"
         return dict(status=status, flags=[status] + invalid + imported, **base)
-    x, x_min, x_max = p.tokens_per_sec, p.tokens_per_sec_min, p.tokens_per_sec_max
-    assert x is not None and x_min is not None and x_max is not None, "a succeeded run gives the point its X"
-    spread = _finite((x_max - x_min) / x) if x > 0 else None
+    x = p.tokens_per_sec
+    spread = _finite((p.tokens_per_sec_max - p.tokens_per_sec_min) / x) if x > 0 else None
     flags = ["noisy"] if spread is not None and spread > noisy_spread else []
     flags += ["some_failed"] if p.num_failed else []
     flags += ["pending"] if p.num_pending else []
@@ -314,11 +332,10 @@ def _layout_fits(layout: str, num_devices: int) -> bool:
 
 def _points(
     by_n: Mapping[int, PointRuns], layout: str, all_counts: Sequence[int], noisy_spread: float
-) -> tuple[list[dict[str, Any]], list[int]]:
+) -> tuple[list[dict], list[int]]:
     """Points of one series (as ScalingPoint fields), with missing ones for counts measured elsewhere; also
     the counts the layout cannot use."""
-    points: list[dict[str, Any]] = []
-    impossible: list[int] = []
+    points, impossible = [], []
     for n in all_counts:
         if n in by_n:
             points.append(_point(by_n[n], noisy_spread))
@@ -329,7 +346,7 @@ def _points(
     return points, impossible
 
 
-def _with_efficiency(points: list[dict[str, Any]], baseline_n: int | None) -> tuple[int | None, list[str]]:
+def _with_efficiency(points: list[dict], baseline_n: int | None) -> tuple[int | None, list[str]]:
     """E(N) = X(N) / (X(N0) * N / N0), set on the points. An asked-for N0 that this series did not measure
     gives no E, and says so."""
     measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
@@ -348,9 +365,7 @@ def _with_efficiency(points: list[dict[str, Any]], baseline_n: int | None) -> tu
 # -------------------------------------------------------------------------------------------- fits
 
 
-def _prediction(
-    predict: Callable[[float], float], num_devices: int | None, measured: Mapping[int, float], n0: int | None
-) -> Prediction | None:
+def _prediction(predict, num_devices: int | None, measured: Mapping[int, float], n0: int | None) -> Prediction | None:
     """X and E predicted at `num_devices`; None without a size, or where X leaves the float range."""
     if num_devices is None:
         return None
@@ -359,9 +374,7 @@ def _prediction(
         return None
     lo, hi = min(measured), max(measured)
     extrapolated = not lo <= num_devices <= hi
-    eff = (
-        _finite((x / measured[n0]) * (n0 / num_devices)) if n0 is not None and n0 in measured else None
-    )  # ratio first: no overflow
+    eff = _finite((x / measured[n0]) * (n0 / num_devices)) if n0 in measured else None  # ratio first: no overflow
     note = (
         f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}"
         if extrapolated
@@ -455,11 +468,11 @@ def _pair_key(k: SeriesKey) -> tuple[str, str, int, str, str, str]:
     return (k.engine, k.model, k.num_layers, k.layout, k.scaling, k.cluster)
 
 
-def _point_key(k: SeriesKey, num_devices: int) -> tuple[str, str, int, str, str, str, str, int]:
+def _point_key(k: SeriesKey, num_devices: int) -> tuple:
     return (k.engine, k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, num_devices)
 
 
-def _engine_ratios(groups: Mapping[SeriesKey, list[dict[str, Any]]]) -> list[EngineRatioPoint]:
+def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPoint]:
     """R(N) of every point of a series of another engine against the scalebench point of the same key and N."""
     ours = {
         _point_key(k, p["num_devices"]): p.get("tokens_per_sec")
@@ -474,9 +487,7 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict[str, Any]]]) -> list[Eng
         for p in pts:
             x = p.get("tokens_per_sec")
             ref = ours.get(_point_key(k.model_copy(update={"engine": "scalebench"}), p["num_devices"]))
-            if not x or not ref:
-                continue
-            ratio = _finite(x / ref)
+            ratio = _finite(x / ref) if x and ref else None
             if ratio is not None:
                 out.append(
                     EngineRatioPoint(
@@ -490,21 +501,97 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict[str, Any]]]) -> list[Eng
     return out
 
 
-def _verdict_fields(p: dict[str, Any], b: dict[str, Any], run_losses: Mapping[str, RunLosses] | None) -> dict[str, Any]:
-    """The loss verdict of an fp8 point against its bf16 twin, from their runs' curves (none: no verdict)."""
-    if run_losses is None:
-        return {}
-    v = loss_verdict(
-        [run_losses[i] for i in p.get("run_ids", []) if i in run_losses],
-        [run_losses[i] for i in b.get("run_ids", []) if i in run_losses],
+NumericsKey = tuple
+
+
+def numerics_key(fp8: PointRuns | Mapping, bf16: PointRuns | Mapping) -> NumericsKey:
+    """What a pair's verdict and matched losses depend on: the run ids of both points and how many are still
+    pending (a succeeded run's curve never changes; a run that ends changes the pending count)."""
+
+    def part(p: PointRuns | Mapping) -> tuple:
+        if isinstance(p, PointRuns):
+            return (p.run_ids, p.num_pending)
+        return (tuple(p.get("run_ids", ())), p.get("num_pending", 0))
+
+    return (*part(fp8), *part(bf16))
+
+
+def loss_pairs(points: Iterable[PointRuns]) -> list[tuple[PointRuns, PointRuns]]:
+    """Every measured fp8 point with the measured bf16 point it is compared with (same engine, model, layout,
+    scaling, cluster, N): the pairs whose curves a report compares (those that get a SpeedupPoint)."""
+    pts = [p for p in points if p.num_succeeded and p.tokens_per_sec]
+    bf16 = {(*_pair_key(p.key), p.num_devices): p for p in pts if p.key.precision == "bf16"}
+    out = []
+    for p in pts:
+        if p.key.precision in FP8_PRECISIONS and (b := bf16.get((*_pair_key(p.key), p.num_devices))) is not None:
+            out.append((p, b))
+    return out
+
+
+def pair_numerics(fp8_runs: Sequence[Curves], bf16_runs: Sequence[Curves]) -> tuple[LossVerdict, TimeToLoss]:
+    """The curve-dependent part of a pair's numerics: its loss verdict and matched losses (not priced)."""
+    return loss_verdict(fp8_runs, bf16_runs), match_losses(fp8_runs, bf16_runs)
+
+
+def _tokens_per_step(p: Mapping) -> float | None:
+    x, ms = p.get("tokens_per_sec"), p.get("step_ms_median")
+    return x * ms / 1000 if x and ms else None
+
+
+def _verdict_fields(
+    p: dict,
+    b: dict,
+    speedup: float,
+    run_losses: Mapping[str, Curves] | None,
+    cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None,
+) -> dict:
+    """The loss verdict and time to loss of an fp8 point against its bf16 twin, from the cache (numerics_key; and
+    priced, by the points' values too) or their runs' curves (neither: no verdict)."""
+    key = numerics_key(p, b)
+    fp8_ms, bf16_ms = p.get("step_ms_median"), b.get("step_ms_median")
+    priced_key = ("priced", key, speedup, fp8_ms, bf16_ms, p.get("tokens_per_sec"), b.get("tokens_per_sec"))
+    if cache is not None and (fields := cache.get(priced_key)) is not None:
+        return fields
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        if run_losses is None:
+            return {}
+        found = pair_numerics(
+            [run_losses[i] for i in p.get("run_ids", []) if i in run_losses],
+            [run_losses[i] for i in b.get("run_ids", []) if i in run_losses],
+        )
+        if cache is not None:
+            cache[key] = found
+    v, matched = found
+    t = price(
+        matched,
+        speedup=speedup,
+        fp8_step_ms=fp8_ms,
+        bf16_step_ms=bf16_ms,
+        fp8_tokens_per_step=_tokens_per_step(p),
+        bf16_tokens_per_step=_tokens_per_step(b),
     )
-    return dict(
-        loss_verdict=v.verdict, loss_gap=v.gap, loss_gap_band=v.band, loss_verdict_reason=v.reason, loss_numerics=v
+    fields = dict(
+        loss_verdict=v.verdict,
+        loss_gap=v.gap,
+        loss_gap_band=v.band,
+        loss_verdict_reason=v.reason,
+        loss_numerics=v,
+        steps_ratio=t.steps_ratio,
+        steps_ratio_band=t.steps_ratio_band,
+        effective_speedup=t.effective_speedup,
+        effective_speedup_band=t.effective_speedup_band,
+        time_to_loss=t,
     )
+    if cache is not None:  # priced by the points' values: the same values give the same fields
+        cache[priced_key] = fields
+    return fields
 
 
 def _speedups(
-    groups: Mapping[SeriesKey, list[dict[str, Any]]], run_losses: Mapping[str, RunLosses] | None = None
+    groups: Mapping[SeriesKey, list[dict]],
+    run_losses: Mapping[str, Curves] | None = None,
+    cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None = None,
 ) -> list[SpeedupPoint]:
     """S(N) of every fp8 point against the bf16 point of its pair series; points as ScalingPoint fields.
     run_losses (run id -> its curves): each pair also gets its loss verdict."""
@@ -512,9 +599,7 @@ def _speedups(
     out = []
     for k, pts in groups.items():
         ref = bf16.get(_pair_key(k)) if k.precision in FP8_PRECISIONS else None
-        if not ref:
-            continue
-        for p in pts:
+        for p in pts if ref else []:
             b = ref.get(p["num_devices"])
             x, loss = p.get("tokens_per_sec"), p.get("final_loss")
             if x and b is not None and b.get("tokens_per_sec"):
@@ -536,14 +621,14 @@ def _speedups(
                         fp8_final_loss=loss,
                         bf16_final_loss=b_loss,
                         loss_rel_gap=gap,
-                        **_verdict_fields(p, b, run_losses),
+                        **_verdict_fields(p, b, x / bx, run_losses, cache),
                     )
                 )
     return out
 
 
 def _series(
-    key: SeriesKey, points: list[dict[str, Any]], impossible: list[int], baseline_n: int | None, full_n: int | None
+    key: SeriesKey, points: list[dict], impossible: list[int], baseline_n: int | None, full_n: int | None
 ) -> Series:
     n0, notes = _with_efficiency(points, baseline_n)
     measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
@@ -570,7 +655,7 @@ def build_report(
     baseline_num_devices: int | None = None,
     full_size_by_cluster: Mapping[str, int] | None = None,
     noisy_spread: float = NOISY_SPREAD,
-    run_losses: Mapping[str, RunLosses] | None = None,
+    run_losses: Mapping[str, Curves] | None = None,
 ) -> ScalingReport:
     """Scaling report of the runs of one experiment (or several to compare).
 
@@ -593,18 +678,21 @@ def build_report_from_points(
     baseline_num_devices: int | None = None,
     full_size_by_cluster: Mapping[str, int] | None = None,
     noisy_spread: float = NOISY_SPREAD,
-    run_losses: Mapping[str, RunLosses] | None = None,
+    run_losses: Mapping[str, Curves] | None = None,
+    numerics_cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None = None,
 ) -> ScalingReport:
     """build_report over points already aggregated (aggregate_points, or the database's GROUP BY): one
     PointRuns per (series, N), series in order of their first run. run_losses: run id (str) -> its loss curves
-    (db.points.load_run_losses), for the fp8 loss verdicts; None: no verdicts."""
+    or their digests (db.points.load_run_digests), for the fp8 loss verdicts and time to loss; None: none.
+    numerics_cache: each pair's verdict and matched losses by numerics_key, read first and filled (then
+    run_losses needs only the runs of the pairs missing from it: loss_pairs)."""
     by_key: dict[SeriesKey, dict[int, PointRuns]] = {}
     for p in points:
         by_key.setdefault(p.key, {})[p.num_devices] = p
     all_counts = sorted({n for by_n in by_key.values() for n in by_n})
     sized = {k: _points(by_n, k.layout, all_counts, noisy_spread) for k, by_n in by_key.items()}
     groups = {k: pts for k, (pts, _) in sized.items()}
-    speedups = _speedups(groups, run_losses)
+    speedups = _speedups(groups, run_losses, numerics_cache)
     engine_ratios = _engine_ratios(groups)
     s_of = {
         (
@@ -625,7 +713,7 @@ def build_report_from_points(
     }
     series = []
 
-    def order(k: SeriesKey) -> tuple[str, int, str, str, bool, str, str, str]:
+    def order(k: SeriesKey) -> tuple:
         return (
             k.model,
             k.num_layers,
@@ -639,9 +727,9 @@ def build_report_from_points(
 
     for k in sorted(sized, key=order):
         pts, impossible = sized[k]
-        for point in pts:
-            point["fp8_speedup"] = s_of.get(_point_key(k, point["num_devices"]))
-            point["engine_ratio"] = r_of.get(_point_key(k, point["num_devices"]))
+        for p in pts:
+            p["fp8_speedup"] = s_of.get(_point_key(k, p["num_devices"]))
+            p["engine_ratio"] = r_of.get(_point_key(k, p["num_devices"]))
         full_n = (full_size_by_cluster or {}).get(k.cluster)
         series.append(_series(k, pts, impossible, baseline_num_devices, full_n))
     return ScalingReport(
@@ -682,6 +770,21 @@ CSV_COLUMNS = (
     "loss_gap",
     "loss_gap_band",
     "loss_verdict_reason",
+    "steps_ratio",  # fp8 points: core.analysis.time_to_loss (fp8 steps / bf16 steps to bf16's end loss)
+    "steps_ratio_band",
+    "effective_speedup",  # fp8_speedup / steps_ratio
+    "effective_speedup_band",
+    "time_to_loss_reason",
+)
+_SPEEDUP_CSV = (
+    "loss_verdict",
+    "loss_gap",
+    "loss_gap_band",
+    "loss_verdict_reason",
+    "steps_ratio",
+    "steps_ratio_band",
+    "effective_speedup",
+    "effective_speedup_band",
 )
 
 
@@ -697,8 +800,10 @@ def to_csv_rows(report: ScalingReport) -> list[dict[str, object]]:
             row = {**s.key.model_dump(), **p.model_dump(exclude={"flags", "run_ids"})}
             row["flags"] = ";".join(p.flags)
             sp = verdicts.get(_point_key(s.key, p.num_devices))
-            for c in ("loss_verdict", "loss_gap", "loss_gap_band", "loss_verdict_reason"):
+            for c in _SPEEDUP_CSV:
                 row[c] = getattr(sp, c) if sp is not None else None
+            ttl = sp.time_to_loss if sp is not None else None
+            row["time_to_loss_reason"] = ttl.reason if ttl is not None else None
             rows.append({c: row[c] for c in CSV_COLUMNS})
     return rows
 

@@ -18,8 +18,11 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
+from pydantic import Field
+
 from core.analysis.scaling import ScalingReport
 from core.contracts.base import Frozen
+from core.projection.equal_loss import ratio_for, steps_ratios
 from core.projection.model import ProjectionReport
 
 DEFAULT_MIN_EFFICIENCY = 0.9
@@ -46,6 +49,14 @@ class PlanOption(Frozen):
     gpu_hours_high: float | None = None
     beyond_validated: bool = False
     note: str | None = None  # why a point looks odd (E above 100%, beyond the validated range)
+    # at equal loss (core.projection.equal_loss): fp8 options need steps_ratio x the tokens to reach bf16's loss;
+    # bf16 options: their own time; None when no steps_ratio was measured for the recipe
+    steps_ratio: float | None = Field(None, description="fp8: measured fp8 steps / bf16 steps to the same loss.")
+    time_at_equal_loss_hours: float | None = Field(
+        None, description="Hours to reach the loss bf16 reaches with the token budget (fp8: steps_ratio x hours)."
+    )
+    gpu_hours_at_equal_loss: float | None = Field(None, description="N x time_at_equal_loss_hours.")
+    equal_loss_note: str | None = Field(None, description="Where the steps_ratio comes from when not measured at N.")
 
 
 class PlanRow(Frozen):
@@ -180,6 +191,7 @@ def build_plan(
                 options.append(o)
             else:
                 dropped.append(f"{k[1]} {k[2]} N={p.num_devices}")
+    options = _at_equal_loss(options, measured)
     rows = []
     for n in counts:
         at_n = sorted((o for o in options if o.num_devices == n), key=lambda o: -o.tokens_per_sec)
@@ -202,6 +214,31 @@ def build_plan(
         cheapest_efficient=min(efficient, key=lambda o: (o.gpu_hours, -o.tokens_per_sec), default=None),
         fastest_efficient=max(efficient, key=lambda o: o.tokens_per_sec, default=None),
     )
+
+
+def _at_equal_loss(options: list[PlanOption], measured: ScalingReport) -> list[PlanOption]:
+    """The options with their time and GPU-hours at equal loss (core.projection.equal_loss)."""
+    ratios = steps_ratios(measured)
+    out = []
+    for o in options:
+        if o.precision == "bf16":
+            r, note = 1.0, None
+        else:
+            r, note = ratio_for(ratios, o.engine, o.precision, o.layout, o.num_devices)
+        if r is None:
+            out.append(o)
+            continue
+        out.append(
+            o.model_copy(
+                update=dict(
+                    steps_ratio=r if o.precision != "bf16" else None,
+                    time_at_equal_loss_hours=o.time_to_train_hours * r,
+                    gpu_hours_at_equal_loss=o.gpu_hours * r,
+                    equal_loss_note=note,
+                )
+            )
+        )
+    return out
 
 
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}

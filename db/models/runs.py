@@ -65,6 +65,10 @@ class RunLossCurve(Base):
     stride: Mapped[int]  # 1: every step is stored
     steps_i64: Mapped[bytes] = mapped_column(sa.LargeBinary)
     losses_f64: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    # core.analysis.curves.CurveDigest of the training and held-out curves, packed float64 (db.points): what the
+    # loss verdict and time to loss read, computed once when the curve is stored. NULL for rows stored before
+    # it existed: the readers digest those on the fly.
+    digest_f64: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
 
 
 class RunLog(Base):

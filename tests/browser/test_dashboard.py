@@ -132,6 +132,10 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
         "Chart.getChart(document.querySelector('#chart-throughput canvas')).data.datasets.map(d => d.label)"
     )
     assert "bf16 · fsdp" in legend and "fp8-tensorwise · fsdp" in legend and "failed run (no value)" in legend
+    loss_legend = page.evaluate(
+        "Chart.getChart(document.querySelector('#chart-loss canvas')).data.datasets.map(d => d.label)"
+    )  # time to the same loss: the matched points of the fp8 curve against bf16's
+    assert any(label.startswith("same loss fp8-tensorwise · fsdp") for label in loss_legend), loss_legend
 
     # the page keeps polling; unchanged answers are 304s and change nothing
     renders = page.evaluate("SB_STATS.renders")

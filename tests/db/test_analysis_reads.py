@@ -268,3 +268,106 @@ def test_runs_without_a_stored_curve_are_thinned_from_steps(factory) -> None:
         after = db.points.loss_curves(s, exp_id, max_points=50)
     assert [c.source for c in after] == ["steps"] + ["store"] * 5
     assert [(c.steps, c.losses) for c in after] == [(c.steps, c.losses) for c in before]
+
+
+def _with_eval(result: RunResult, every: int) -> RunResult:
+    evals = [
+        {"step": s.step, "loss": s.loss + 0.5, "num_tokens": 1024} for s in result.steps if (s.step + 1) % every == 0
+    ]
+    numerics = {**result.numerics.model_dump(), "eval_curve": evals}
+    return result.model_copy(update={"numerics": type(result.numerics).model_validate(numerics)})
+
+
+def test_record_result_stores_the_curve_digest_and_reads_give_it_back(factory) -> None:
+    """The digest stored with the curve (training and held-out points) is the pure function's, bit for bit;
+    a row stored without one (before digests were stored) is digested when read, to the same value."""
+    from core.analysis.curves import digest_curve
+
+    with session_scope(factory) as s:
+        exp_id, run_ids = add_experiment(s, precisions=["bf16"])
+    result = _with_eval(_result("k", random.Random(3), 1, num_steps=300), every=25)
+    with session_scope(factory) as s:
+        claim_run(s, run_ids[0], "w", "h", 60)
+        record_result(s, run_ids[0], result)
+    expected = digest_curve(
+        [(st.step, st.loss) for st in result.steps],
+        [(e.step, e.loss) for e in result.numerics.eval_curve],
+        run_id=str(run_ids[0]),
+        seed=0,
+    )
+    assert len(expected.bin_steps) == 60 and len(expected.eval_steps) == 12  # width ceil(300 / 64) = 5
+    with factory() as s:
+        assert db.points.load_run_digests(s, [run_ids[0]]) == {str(run_ids[0]): expected}
+    with session_scope(factory) as s:
+        s.execute(sa.update(RunLossCurve).values(digest_f64=None))
+    with factory() as s:
+        assert db.points.load_run_digests(s, [run_ids[0], 10**9]) == {str(run_ids[0]): expected}
+
+
+def test_a_cold_report_reads_digests_only_for_pairs_it_has_not_seen(pg_session_factory, pg_engine) -> None:
+    """The verdict and time to loss of a pair are kept by its runs; the next cold read loads no digest."""
+    from core.analysis.scaling import loss_pairs, numerics_key
+
+    with session_scope(pg_session_factory) as s:
+        exp_id, run_ids = add_experiment(s, precisions=["bf16", "fp8-tensorwise"], repeats=2)
+    with session_scope(pg_session_factory) as s:
+        for run_id, key in s.execute(sa.select(Run.id, Run.run_key).where(Run.experiment_id == exp_id)).all():
+            claim_run(s, run_id, "w", "h", 60)
+            record_result(s, run_id, _result(key, random.Random(run_id), 1, num_steps=48))
+    cache: dict = {}
+
+    def report():
+        with pg_session_factory() as s:
+            points = db.points.load_scaling_points(s, exp_id)
+            missing = [p for p in loss_pairs(points) if numerics_key(*p) not in cache]
+            ids = [i for f, b in missing for i in (*f.run_ids, *b.run_ids)]
+            digests = db.points.load_run_digests(s, ids) if ids else {}
+            return build_report_from_points(points, run_losses=digests, numerics_cache=cache)
+
+    first, sql = _statements(pg_engine, report)
+    pairs = [k for k in cache if k[0] != "priced"]
+    assert any("digest_f64" in q for q in sql) and len(pairs) == len(first.speedups) == 3
+    assert all(sp.loss_verdict is not None and sp.time_to_loss is not None for sp in first.speedups)
+    again, sql = _statements(pg_engine, report)
+    assert not any("digest_f64" in q or "run_loss_curves" in q for q in sql)
+    assert again == first
+    with pg_session_factory() as s:  # 2 precisions x 3 N x 2 repeats of seed 0: the first run of each point
+        assert sorted(db.points.load_run_digests(s, run_ids)) == sorted(str(i) for i in run_ids[::2])
+
+
+def test_imported_curves_get_a_verdict_and_an_effective_speedup(factory) -> None:
+    """Imports store their curves as step records, not as stored curves: the digests are made from the steps."""
+    import math
+
+    from core.contracts.clusters import LOCAL_CPU
+    from db.imports import insert_steps, step_chunks
+
+    spec = make_spec(precisions=["bf16", "fp8-tensorwise"], gpu_counts=[4])
+    runs, _ = expand(spec, LOCAL_CPU)
+    rng = random.Random(5)
+
+    def imported(r) -> RunResult:
+        stretch = 1.0 if r.precision == "bf16" else 0.95  # fp8 gets to each loss in 95% of the steps
+        res = _result(r.run_key(), rng, r.num_devices, num_steps=2)
+        curve = [2.0 + 10.0 / math.sqrt(t / stretch + 10) * (1 + rng.gauss(0, 0.01)) for t in range(1000)]
+        numerics = res.numerics.model_copy(update={"loss_curve": curve, "final_loss": curve[-1]})
+        return res.model_copy(update={"steps": [], "numerics": numerics})
+
+    with session_scope(factory) as s:
+        results = [imported(r) for r in runs]
+        exp, run_ids = record_imported(s, spec, runs, results)
+        store_results(s, list(zip(run_ids, results)))
+        for chunk in step_chunks(run_ids, results):
+            insert_steps(s, chunk)
+        exp_id = exp.id
+    with factory() as s:
+        points = db.points.load_scaling_points(s, exp_id)
+        digests = db.points.load_run_digests(s, run_ids)
+    assert sorted(digests) == sorted(map(str, run_ids)) and all(d.num_steps == 1000 for d in digests.values())
+    (sp,) = build_report_from_points(points, run_losses=digests).speedups
+    assert (
+        sp.loss_verdict in ("tracks", "differs", "inconclusive") and "no fp8 loss curve" not in sp.loss_verdict_reason
+    )
+    assert sp.steps_ratio == pytest.approx(0.95, abs=0.03) and sp.effective_speedup == pytest.approx(
+        sp.speedup / sp.steps_ratio
+    )

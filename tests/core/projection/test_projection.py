@@ -10,6 +10,7 @@ local batch 2, activation checkpointing, tokens/s per GPU at 8 -> 128 GPUs: eage
 """
 
 import math
+import statistics
 
 import pytest
 
@@ -360,3 +361,33 @@ def test_plan_carries_the_interval():
     assert o.time_to_train_hours_low < o.time_to_train_hours < o.time_to_train_hours_high
     assert o.gpu_hours_low < o.gpu_hours < o.gpu_hours_high
     assert o.efficiency_low < o.efficiency < o.efficiency_high
+
+
+def test_plan_gives_time_and_gpu_hours_at_equal_loss():
+    """fp8 that needs 1.1x the steps of bf16 to the same loss: its time at equal loss is 1.1x its time to train
+    the budget (its own ratio where measured, else the median over the series' measured N); bf16's is its own."""
+    from core.analysis.numerics import RunLosses
+
+    def curve(run_id: str, stretch: float) -> RunLosses:
+        losses = tuple(2.0 + 10.0 / math.sqrt(t / stretch + 10) for t in range(1200))
+        return RunLosses(run_id=run_id, seed=0, steps=tuple(range(1200)), losses=losses)
+
+    bf16, fp8 = runs({8: 6667, 128: 6514}, "bf16"), runs({8: 8532, 128: 8380}, "fp8-tensorwise")
+    # fp8 curves run 1,200 steps, bf16's 1,000 (the steps fp8 needs past bf16's end are in its run)
+    curves = {str(r.run_id): curve(str(r.run_id), 1.1) for r in fp8}
+    for r in bf16:
+        c = curve(str(r.run_id), 1.0)
+        curves[str(r.run_id)] = RunLosses(run_id=c.run_id, seed=0, steps=c.steps[:1000], losses=c.losses[:1000])
+    report = build_report(bf16 + fp8, run_losses=curves)
+    assert all(sp.steps_ratio == pytest.approx(1.1, abs=0.02) for sp in report.speedups)
+    assert all(sp.effective_speedup == pytest.approx(sp.speedup / sp.steps_ratio) for sp in report.speedups)
+    plan = build_plan(report, project_report(report, SPEC, used(), [8, 128, 1024]), tokens=1e12, max_gpus=1024)
+    by = {(o.precision, o.num_devices): o for row in plan.rows for o in row.options}
+    o = by[("fp8-tensorwise", 128)]
+    assert o.time_at_equal_loss_hours == pytest.approx(o.time_to_train_hours * o.steps_ratio)
+    assert o.gpu_hours_at_equal_loss == pytest.approx(o.gpu_hours * o.steps_ratio) and o.equal_loss_note is None
+    far = by[("fp8-tensorwise", 1024)]
+    assert far.steps_ratio == pytest.approx(statistics.median(sp.steps_ratio for sp in report.speedups))
+    assert "median of N=8, 128" in far.equal_loss_note
+    b = by[("bf16", 128)]
+    assert b.steps_ratio is None and b.time_at_equal_loss_hours == b.time_to_train_hours
