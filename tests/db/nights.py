@@ -36,8 +36,8 @@ ENV = {
 }
 
 
-def suite_spec() -> ExperimentSpec:
-    return ExperimentSpec(
+def suite_spec(**overrides: Any) -> ExperimentSpec:
+    fields: dict[str, Any] = dict(
         name="nightly",
         model="debug",
         gpu_counts=[1, 2],
@@ -46,12 +46,17 @@ def suite_spec() -> ExperimentSpec:
         steps=4,
         warmup_steps=1,
     )
+    return ExperimentSpec(**(fields | overrides))
 
 
 def make_suite(
-    session: Session, name: str = "nightly-debug", now: datetime = T0 - timedelta(days=1), **kwargs: Any
+    session: Session,
+    name: str = "nightly-debug",
+    now: datetime = T0 - timedelta(days=1),
+    spec: ExperimentSpec | None = None,
+    **kwargs: Any,
 ) -> Suite:
-    suite = create_suite(session, name=name, spec=suite_spec(), cluster="local-cpu", now=now, **kwargs)
+    suite = create_suite(session, name=name, spec=spec or suite_spec(), cluster="local-cpu", now=now, **kwargs)
     session.commit()
     return suite
 
