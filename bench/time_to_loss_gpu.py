@@ -17,6 +17,7 @@ corpus: runner/corpus.py's --code recipe, see bench/results/2026-12-04-time-to-l
     PYTHONUNBUFFERED=1 python3 bench/time_to_loss_gpu.py --out OUT --data data/pycode-32k.bin --seeds 0 \\
         --layers 2 --steps 1000 --budget-s 500
     python bench/time_to_loss_gpu.py --smoke --out /tmp/ttl --data data/pycode-32k.bin    # CPU: debug shape
+    python bench/time_to_loss_gpu.py --from-json bench/results/2026-12-04-time-to-loss-h200.json  # the tables again
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from core.analysis.numerics import RunLosses, loss_verdict, short_verdict  # noqa: E402
+from core.analysis.time_to_loss import short_effective, time_to_loss  # noqa: E402
+
 PRECISIONS = ("bf16", "fp8-rowwise", "fp8-tensorwise", "fp8-rowwise-gw-hp")  # bf16 first: the reference
 TAIL_STEPS = 50  # "final" train loss: the mean over the last TAIL_STEPS steps
 
@@ -203,6 +209,51 @@ def table(runs: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def run_losses(r: dict) -> RunLosses:
+    return RunLosses(
+        run_id=str(r["run_id"]),
+        seed=r["seed"],
+        steps=tuple(range(len(r["train_loss"]))),
+        losses=tuple(r["train_loss"]),
+        eval_steps=tuple(s for s, _ in r["eval_loss"]),
+        eval_losses=tuple(v for _, v in r["eval_loss"]),
+    )
+
+
+def pay_off_table(runs: list[dict]) -> str:
+    """Per engine and fp8 recipe, the service's own analysis of the recorded curves (every seed against the bf16
+    run of the same engine and seed): throughput speedup, steps to bf16's end loss, speedup at equal loss and
+    the loss verdict (core.analysis.time_to_loss, core.analysis.numerics)."""
+    ok = [r for r in runs if r["status"] == "succeeded" and r["train_loss"]]
+    rows = [
+        "| engine | precision | seeds | speedup | steps ratio | effective speedup | time to loss | loss verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for engine in sorted({r["engine"] for r in ok}):
+        bf16 = [r for r in ok if r["engine"] == engine and r["precision"] == "bf16"]
+        for precision in PRECISIONS[1:]:
+            fp8 = [r for r in ok if r["engine"] == engine and r["precision"] == precision]
+            if not fp8 or not bf16:
+                continue
+            x = statistics.fmean(r["tokens_per_sec"] for r in fp8) / statistics.fmean(r["tokens_per_sec"] for r in bf16)
+            ttl = time_to_loss(
+                [run_losses(r) for r in fp8],
+                [run_losses(r) for r in bf16],
+                speedup=x,
+                fp8_step_ms=statistics.fmean(r["step_ms_median"] for r in fp8),
+                bf16_step_ms=statistics.fmean(r["step_ms_median"] for r in bf16),
+            )
+            verdict = loss_verdict([run_losses(r) for r in fp8], [run_losses(r) for r in bf16])
+            ratio = "-" if ttl.steps_ratio is None else f"{ttl.steps_ratio:.3f}"
+            if ttl.steps_ratio is not None and ttl.steps_ratio_band is not None:
+                ratio += f" ±{ttl.steps_ratio_band:.3f}"
+            rows.append(
+                f"| {engine} | {precision} | {ttl.num_seeds} | {x:.3f}x | {ratio} | {short_effective(ttl)} | "
+                f"{ttl.reason} | {short_verdict(verdict)} ({verdict.source or '-'} loss) |"
+            )
+    return "\n".join(rows)
+
+
 def run_service(args: argparse.Namespace, env: dict[str, str], t0: float) -> dict:
     out = args.out
     (out / "clusters.toml").write_text(clusters_toml(args.device_name, args.smoke))
@@ -240,7 +291,8 @@ def run_service(args: argparse.Namespace, env: dict[str, str], t0: float) -> dic
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "ttl-out")))
-    ap.add_argument("--data", type=Path, required=True, help="token file built by runner.corpus (.val beside it)")
+    ap.add_argument("--data", type=Path, help="token file built by runner.corpus (.val beside it)")
+    ap.add_argument("--from-json", type=Path, help="print the tables of a recorded time_to_loss.json (no run)")
     ap.add_argument("--engine", default="scalebench", choices=("scalebench", "torchtitan"))
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--seeds", default="0,1")
@@ -258,6 +310,12 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=510.0, help="cancel what has not ended after this long")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the whole path (debug shape, 30 steps)")
     args = ap.parse_args()
+    if args.from_json:
+        record = json.loads(args.from_json.read_text())
+        print(table(record["runs"]), pay_off_table(record["runs"]), sep="\n\n")
+        return 0
+    if args.data is None:
+        ap.error("--data is required (or --from-json)")
     args.precisions = [p for p in args.precisions.split(",") if p]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.smoke:
@@ -281,8 +339,7 @@ def main() -> int:
         "elapsed_s": round(time.monotonic() - t0, 1),
     }
     (args.out / "time_to_loss.json").write_text(json.dumps(record, indent=1))
-    text = table(record["runs"])
-    print(text)
+    print(table(record["runs"]), pay_off_table(record["runs"]), sep="\n\n")
     print(f"[ttl] {record['experiment']['status']} after {record['elapsed_s']:.0f} s")
     shutil.rmtree(data, ignore_errors=True)
     return 0 if record["experiment"]["status"] == "succeeded" else 1
