@@ -67,12 +67,23 @@ class Cell:
             assert run is not None
             return run
 
-    def run_dir(self, run_id: int) -> Path:
-        return self.settings.runs_dir / f"run-{run_id}"
+    def run_dirs(self, run_id: int) -> list[Path]:
+        """The run's directories, one per claim that launched it (run-N/lease-K), oldest first."""
+        found = (self.settings.runs_dir / f"run-{run_id}").glob("lease-*")
+        return sorted((p for p in found if p.name[6:].isdigit()), key=lambda p: int(p.name[6:]))
 
-    def run_pids(self, run_id: int) -> list[int]:
-        """Live torchrun/runner processes of a run (their command line names its spec.json)."""
-        return procs.pids_with_arg(str(self.run_dir(run_id) / "spec.json"))
+    def run_dir(self, run_id: int, attempt: int | None = None) -> Path:
+        """The directory of the run's `attempt`-th launch (1-based), by default the newest one."""
+        dirs = self.run_dirs(run_id)
+        assert dirs, f"run {run_id} has no run directory yet"
+        return dirs[-1] if attempt is None else dirs[attempt - 1]
+
+    def run_pids(self, run_id: int, attempt: int | None = None) -> list[int]:
+        """Live torchrun/runner processes of a run (their command line names a spec.json of it): of one
+        attempt's directory, or of any."""
+        if attempt is not None:
+            return procs.pids_with_arg(str(self.run_dir(run_id, attempt) / "spec.json"))
+        return procs.pids_with_arg_like(str(self.settings.runs_dir / f"run-{run_id}") + "/", "/spec.json")
 
     def wait_status(self, run_id: int, statuses: tuple[str, ...], timeout_s: float = 120) -> Run:
         return wait_until(
@@ -80,17 +91,14 @@ class Cell:
         )
 
     def wait_steps(self, run_id: int, min_step: int = 1, attempt: int = 1, timeout_s: float = 120) -> None:
-        """Until attempt `attempt` logged a training step (torch imported, model built: really running).
-
-        log.txt is appended across attempts; each launch starts with one "[scalebench] ... starting" line.
-        """
-        log = self.run_dir(run_id) / "log.txt"
+        """Until attempt `attempt` (its launch's own directory) logged a training step (torch imported, model
+        built: really running)."""
 
         def stepped() -> bool:
-            launches = (log.read_text(errors="replace") if log.is_file() else "").split("[scalebench]")[1:]
-            if len(launches) < attempt:
-                return False
-            return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", launches[attempt - 1]))
+            dirs = self.run_dirs(run_id)
+            log = dirs[attempt - 1] / "log.txt" if len(dirs) >= attempt else None
+            text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
+            return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", text))
 
         wait_until(stepped, timeout_s, f"run {run_id} attempt {attempt} to log step {min_step}")
 
