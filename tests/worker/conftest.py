@@ -60,6 +60,7 @@ class Cell:
     settings: Settings
     env: dict[str, str]
     session_factory: sessionmaker[Session]
+    token: str | None = None  # an API token of the cell's own database (SQLite cells), else the shared one
 
     def run(self, run_id: int) -> Run:
         with self.session_factory() as s:
@@ -104,7 +105,20 @@ class Cell:
 
 
 @pytest.fixture
-def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Cell:
+def cell(request, tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Iterator[Cell]:
+    """A cell on PostgreSQL; `@pytest.mark.parametrize("cell", ["postgres", "sqlite"], indirect=True)` runs a test
+    on both databases (SQLite: a fresh migrated file that the API, the workers and the scheduler share)."""
+    database = getattr(request, "param", "postgres")
+    engine = token = None
+    if database == "sqlite":
+        from db.session import make_engine, make_session_factory, session_scope
+        from db.tokens import create_token
+
+        pg_url = request.getfixturevalue("sqlite_url")
+        engine = make_engine(pg_url)
+        pg_session_factory = make_session_factory(engine)
+        with session_scope(pg_session_factory) as session:
+            token, _ = create_token(session, "tests")
     name = f"t-{uuid.uuid4().hex[:8]}"
     clusters = tmp_path / "clusters.toml"
     clusters.write_text(
@@ -133,7 +147,9 @@ def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_
         SCALEBENCH_MAX_INFRA_RETRIES="1",
         PYTHONUNBUFFERED="1",
     )
-    return Cell(name, tmp_path, settings, env, pg_session_factory)
+    yield Cell(name, tmp_path, settings, env, pg_session_factory, token)
+    if engine is not None:
+        engine.dispose()
 
 
 @dataclass
@@ -225,7 +241,10 @@ def _names(pid: int, tmp: Path) -> bool:
 @pytest.fixture
 def api(make_client, cell: Cell):
     """A TestClient of the real app on the cell's settings (shares the test database and Redis)."""
-    return make_client(settings=cell.settings)
+    client = make_client(settings=cell.settings)
+    if cell.token is not None:
+        client.headers["Authorization"] = f"Bearer {cell.token}"
+    return client
 
 
 def submit(api, cell: Cell, **spec: Any) -> tuple[int, list[int]]:
