@@ -83,7 +83,14 @@ def test_silent_receivers_delay_no_reaper_pass_and_no_suite_firing(cell) -> None
     receivers = [SilentReceiver(f"127.0.0.{i + 2}") for i in range(NUM_RECEIVERS)]
     sf = cell.session_factory
     spec = ExperimentSpec.model_validate(
-        {"name": "every minute", "model": "debug", "gpu_counts": [1], "precisions": ["fp32"], "steps": 3}
+        {
+            "name": "every minute",
+            "model": "debug",
+            "gpu_counts": [1],
+            "precisions": ["fp32"],
+            "steps": 3,
+            "warmup_steps": 1,
+        }
     )
     with session_scope(sf) as s:
         for r in receivers:
