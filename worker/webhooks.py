@@ -33,6 +33,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -225,8 +226,9 @@ def deliver_due(
     budget_s: float = PASS_BUDGET_S,
     backoff: ReceiverBackoff | None = None,
 ) -> list[AttemptOutcome]:
-    """One pass: attempt the deliveries due at `now`, at most `max_concurrent` at once, starting none after
-    `budget_s`, none to a receiver in back-off (nor a second one to a receiver that failed in this pass).
+    """One pass: attempt the deliveries due at `now`, at most `max_concurrent` at once and one at a time per
+    receiver (receivers taken in turn), starting none after `budget_s`, none to a receiver in back-off (a
+    receiver that times out or refuses in this pass gets no further attempt in it).
     allow_private: the operator allows receivers on private networks (SCALEBENCH_WEBHOOK_ALLOW_PRIVATE);
     resolve: host -> addresses (the system resolver)."""
     now = now or utcnow()
@@ -254,29 +256,42 @@ def deliver_due(
             elif outcome.delivered:
                 backoff.succeeded(host)
 
+    by_host: dict[str, deque[tuple[int, datetime]]] = {}
+    for delivery_id, seen in due:  # each receiver's deliveries in due order; receivers taken in turn
+        by_host.setdefault(hosts.get(delivery_id, ""), deque()).append((delivery_id, seen))
     try:
         with ThreadPoolExecutor(max_workers=max(1, max_concurrent), thread_name_prefix="webhook") as pool:
-            for delivery_id, seen in due:
-                host = hosts.get(delivery_id, "")
-                while len(running) >= max_concurrent:
-                    collect(wait(running, return_when=FIRST_COMPLETED).done)
+            while True:
                 if time.monotonic() >= deadline:
-                    log.warning("webhooks: pass budget of %.0f s spent; the rest stay due for the next pass", budget_s)
+                    if any(by_host.values()):
+                        log.warning(
+                            "webhooks: pass budget of %.0f s spent; the rest stay due for the next pass", budget_s
+                        )
                     break
-                if backoff.waiting(host) or host in running.values():
-                    continue  # one attempt at a time per receiver; none while it is in back-off
-                future = pool.submit(
-                    attempt_delivery,
-                    session_factory,
-                    client,
-                    delivery_id,
-                    seen,
-                    now,
-                    max_attempts,
-                    allow_private=allow_private,
-                    resolve=resolve,
-                )
-                running[future] = host
+                for host in list(by_host):
+                    if len(running) >= max_concurrent:
+                        break
+                    if host in running.values():
+                        continue  # one attempt at a time per receiver
+                    if not by_host[host] or backoff.waiting(host):
+                        del by_host[host]  # done, or in back-off: its deliveries stay due, attempts unspent
+                        continue
+                    delivery_id, seen = by_host[host].popleft()
+                    future = pool.submit(
+                        attempt_delivery,
+                        session_factory,
+                        client,
+                        delivery_id,
+                        seen,
+                        now,
+                        max_attempts,
+                        allow_private=allow_private,
+                        resolve=resolve,
+                    )
+                    running[future] = host
+                if not running:
+                    break
+                collect(wait(running, return_when=FIRST_COMPLETED).done)
             while running:
                 collect(wait(running, return_when=FIRST_COMPLETED).done)
     finally:
