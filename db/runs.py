@@ -115,7 +115,8 @@ def claim_run(
         return None
     if row.dispatched_at is None and row.num_dispatches > 0:  # requeued: it started on another run's message
         _give_back_a_message(session, row.queue, row.cluster)
-    return row.lease_id
+    lease_id: int = row.lease_id
+    return lease_id
 
 
 def _requeued() -> sa.ColumnElement[bool]:

@@ -72,7 +72,8 @@ def create_webhook(
         raise WebhookError("secret", f"must have at least {MIN_SECRET_CHARS} characters")
     if token_id is not None:
         _lock_token(session, token_id)
-        owned = session.scalar(sa.select(sa.func.count()).select_from(Webhook).where(Webhook.token_id == token_id))
+        count = sa.select(sa.func.count()).select_from(Webhook).where(Webhook.token_id == token_id)
+        owned = session.scalar(count) or 0
         if owned >= max_per_token:
             raise WebhookError(
                 "url",

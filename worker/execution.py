@@ -191,8 +191,8 @@ def _claim_next(rt: Runtime, message_run_id: int) -> tuple[int, int, LaunchHandl
 
             def claim(s: Session, i: int = run_id, a: LaunchHandle | None = attached) -> int | None:
                 lease = db.runs.claim_run(s, i, rt.worker_name, rt.host, rt.settings.lease_s, count_attempt=a is None)
-                run = db.runs.get_run(s, i) if lease and a is None else None
-                if run is not None and run.cluster in rt.clusters:
+                run = db.runs.get_run(s, i) if lease is not None and a is None else None
+                if lease is not None and run is not None and run.cluster in rt.clusters:
                     run_dir = rt.run_dir(rt.clusters[run.cluster], i, lease)
                     db.runs.update_launch(s, i, run_dir=str(run_dir), lease_id=lease)
                 return lease
@@ -391,9 +391,10 @@ class LogShipper:
         if final:
             stored = with_db(self.rt, store, f"run {self.run_id}: final log", retry_forever=True)
         else:
-            stored = _try_db(self.rt, store, f"run {self.run_id}: log")
-            if stored is None:
+            tried = _try_db(self.rt, store, f"run {self.run_id}: log")
+            if tried is None:
                 return True
+            stored = tried
         if stored:
             self.shipped_bytes = size
         return stored

@@ -19,9 +19,10 @@ once when the scheduler is back, then follows the schedule.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from celery import Celery
 from sqlalchemy.exc import IntegrityError
@@ -133,7 +134,7 @@ def nightly_tick(
     caller delivers them elsewhere (the scheduler's own sender thread, worker.webhooks.WebhookSender)."""
     now = now or utcnow()
     out: dict[str, list] = {"fired": [], "evaluated": [], "deliveries": []}
-    phases = [
+    phases: list[tuple[str, Callable[[], list[Any]]]] = [
         ("fired", lambda: fire_due_suites(session_factory, celery, clusters, now)),
         ("evaluated", lambda: evaluate_finished(session_factory, now)),
     ]
