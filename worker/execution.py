@@ -36,7 +36,7 @@ import db.runs
 from core.contracts.specs import ErrorKind, RunError, RunResult, RunSpec
 from db import outbox
 from db.session import session_scope
-from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail, trace_files
+from worker.launchers.base import Launcher, LaunchHandle, LaunchOutcome, read_log_tail, trace_files
 from worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -314,15 +314,13 @@ def _watch(rt: Runtime, run_id: int, lease: int, launcher, handle: LaunchHandle)
             if state is not None and not state.owned:
                 return _superseded(rt, run_id, lease, launcher, handle, "heartbeat")
             if state is not None and state.cancel_requested:
-                _stop(rt, run_id, lease, launcher, handle, owned=True)
-                shipped.ship(final=True)
+                _stop(rt, run_id, lease, launcher, handle, owned=True, shipped=shipped)
                 return "cancelled"
         elif now >= next_cancel_check:
             next_cancel_check = now + CANCEL_CHECK_S
             flag = _try_db(rt, lambda s: db.runs.cancel_requested(s, run_id), f"run {run_id}: cancel check")
             if flag:
-                _stop(rt, run_id, lease, launcher, handle, owned=True)
-                shipped.ship(final=True)
+                _stop(rt, run_id, lease, launcher, handle, owned=True, shipped=shipped)
                 return "cancelled"
         time.sleep(POLL_S)
 
@@ -428,7 +426,17 @@ def ship_traces(rt: Runtime, run_id: int, run_dir: str | Path, lease: int | None
     return stored
 
 
-def _stop(rt: Runtime, run_id: int, lease: int, launcher, handle: LaunchHandle, owned: bool) -> None:
+def _stop(
+    rt: Runtime,
+    run_id: int,
+    lease: int,
+    launcher: Launcher,
+    handle: LaunchHandle,
+    owned: bool,
+    shipped: LogShipper | None = None,
+) -> None:
+    """End this attempt's processes; owned (a cancel was asked): ship the final log, then record cancelled
+    (in that order: the lease fences writes to an active run only)."""
     if not owned and handle.launcher == "slurm":
         # Reaped while this worker could not heartbeat: the reaper requeued it for a worker to re-attach
         # (or cancelled it, and scancelled the job itself). The job does not depend on us: leave it alone.
@@ -438,6 +446,8 @@ def _stop(rt: Runtime, run_id: int, lease: int, launcher, handle: LaunchHandle, 
     log.info("run %d: %s: ending this attempt's processes", run_id, why)
     launcher.cancel(handle)
     if owned:
+        if shipped is not None:
+            shipped.ship(final=True)
         with_db(
             rt,
             lambda s: db.runs.mark_cancelled(s, run_id, lease_id=lease),

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from db.runs import get_log
 from tests.worker.conftest import LEASE_S, LONG, run_reaper_once, submit, wait_until
 
 pytestmark = pytest.mark.slow
@@ -55,8 +56,6 @@ def test_a_paused_worker_resumed_after_the_reaper_requeued_its_run_records_nothi
     )
     assert "torchrun exited" not in (run.error_message or "")
     with cell.session_factory() as s:
-        from db.runs import get_log
-
         assert get_log(s, run_id).final and "step 1000/1000" in get_log(s, run_id).text
 
 
