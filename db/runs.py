@@ -13,6 +13,14 @@ message, the reaper and a cancel can race without a lost update. Functions never
        |                    |                          goes on (re-attached); recorded at once, no lease wait
        \\--mark_cancelled--> cancelled  <--mark_cancelled (worker acted on cancel_requested)
 
+Fencing: every claim increments `lease_id` and returns it; a worker names that lease in every later write
+about the run (heartbeat, launch details, log, trace, result, cancel, requeue), and the write is refused
+(False, nothing stored) unless the run is still active under that lease: `WHERE lease_id = :mine AND status
+IN ('pending', 'running')`. A worker paused past its lease (SIGSTOP, a long GC, a frozen VM) whose run was
+reaped and claimed again therefore records nothing; it stops its own attempt's processes and goes. The
+lease also names the attempt's run directory (runs/run-N/lease-K/), so that no sweep of one attempt matches
+another's processes. lease_id=None is a write that is not a worker's (the API, tests seeding runs).
+
 A lease ends early (expire_leases) when its worker is known dead (its pid is gone on this host); the reaper
 then takes the run as above without waiting for the lease to run out.
 
@@ -53,6 +61,17 @@ class LeaseState:
     cancel_requested: bool
 
 
+def _fence(lease_id: int | None) -> list[sa.ColumnElement[bool]]:
+    """The WHERE terms of a worker's write under lease `lease_id` (none for a write that is not a worker's)."""
+    return [] if lease_id is None else [Run.lease_id == lease_id, Run.status.in_(ACTIVE_STATUSES)]
+
+
+def holds_lease(session: Session, run_id: int, lease_id: int) -> bool:
+    """Is the run still active under this lease? Takes the run's row lock (a no-op UPDATE) until the caller
+    commits, so a reaper's or another claim's UPDATE waits for the write this guards, or is seen by it."""
+    return _update(session, run_id, _fence(lease_id), lease_id=Run.lease_id)
+
+
 def _update(session: Session, run_id: int, where: list[sa.ColumnElement[bool]], **values: Any) -> bool:
     stmt = sa.update(Run).where(Run.id == run_id, *where).values(**values)
     return rowcount(session.execute(stmt.execution_options(synchronize_session=False))) == 1
@@ -66,8 +85,9 @@ def claim_run(
     lease_s: float,
     now: datetime | None = None,
     count_attempt: bool = True,
-) -> bool:
-    """queued -> running with a lease, in one atomic UPDATE. False: someone else has it (or it is gone).
+) -> int | None:
+    """queued -> running with a lease, in one atomic UPDATE: the new lease id (>= 1), the fence the worker names
+    in every later write about the run. None: someone else has it (or it is gone).
 
     count_attempt=False: the worker re-attaches to a Slurm job submitted by an earlier claim (no new launch),
     so neither the attempt count nor started_at changes."""
@@ -78,6 +98,7 @@ def claim_run(
         .values(
             status="running",
             attempts=Run.attempts + int(count_attempt),
+            lease_id=Run.lease_id + 1,
             worker=worker,
             host=host,
             started_at=now if count_attempt else sa.func.coalesce(Run.started_at, now),
@@ -87,14 +108,15 @@ def claim_run(
             error_kind=None,
             error_message=None,
         )
-        .returning(Run.dispatched_at, Run.num_dispatches, Run.queue, Run.cluster)
+        .returning(Run.dispatched_at, Run.num_dispatches, Run.queue, Run.cluster, Run.lease_id)
     )
     row = session.execute(stmt.execution_options(synchronize_session=False)).first()
     if row is None:
-        return False
+        return None
     if row.dispatched_at is None and row.num_dispatches > 0:  # requeued: it started on another run's message
         _give_back_a_message(session, row.queue, row.cluster)
-    return True
+    lease_id: int = row.lease_id
+    return lease_id
 
 
 def _requeued() -> sa.ColumnElement[bool]:
@@ -157,11 +179,18 @@ def claim_candidates(session: Session, run_id: int, exclude: Collection[int] = (
 
 
 def heartbeat(
-    session: Session, run_id: int, lease_s: float, worker: str | None = None, now: datetime | None = None
+    session: Session,
+    run_id: int,
+    lease_s: float,
+    worker: str | None = None,
+    now: datetime | None = None,
+    *,
+    lease_id: int | None = None,
 ) -> LeaseState:
-    """Extend the lease of an active run (owned by `worker` when given); report a pending cancel."""
+    """Extend the lease of an active run (held under `lease_id`, owned by `worker`, when given); report a
+    pending cancel. owned=False: the run moved on (reaped, requeued, claimed again, ended)."""
     now = now or utcnow()
-    where = [Run.status.in_(ACTIVE_STATUSES)] + ([Run.worker == worker] if worker else [])
+    where = [Run.status.in_(ACTIVE_STATUSES), *_fence(lease_id)] + ([Run.worker == worker] if worker else [])
     stmt = (
         sa.update(Run)
         .where(Run.id == run_id, *where)
@@ -179,8 +208,10 @@ def update_launch(
     status: str | None = None,
     run_dir: str | None = None,
     slurm_job_id: str | None = None,
+    lease_id: int | None = None,
 ) -> bool:
-    """Record where an active run lives (run dir, Slurm job id) and pending <-> running moves."""
+    """Record where an active run lives (run dir, Slurm job id) and pending <-> running moves. False: not
+    active (under `lease_id`) any more."""
     if status is not None and status not in ACTIVE_STATUSES:
         raise ValueError(f"status: {status!r} is not allowed here; allowed: {', '.join(ACTIVE_STATUSES)}")
     values = {
@@ -188,7 +219,7 @@ def update_launch(
     }
     if not values:
         return False
-    return _update(session, run_id, [Run.status.in_(ACTIVE_STATUSES)], **values)
+    return _update(session, run_id, [Run.status.in_(ACTIVE_STATUSES), *_fence(lease_id)], **values)
 
 
 def _check_kind(kind: str) -> None:
@@ -196,13 +227,22 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"error kind: {kind!r} is not one of: {', '.join(ERROR_KINDS)}")
 
 
-def mark_failed(session: Session, run_id: int, kind: str, message: str, now: datetime | None = None) -> bool:
-    """Any non-terminal run -> failed(kind, message). False when it had already ended."""
+def mark_failed(
+    session: Session,
+    run_id: int,
+    kind: str,
+    message: str,
+    now: datetime | None = None,
+    *,
+    lease_id: int | None = None,
+) -> bool:
+    """Any non-terminal run (active under `lease_id` when given) -> failed(kind, message). False when it had
+    already ended (or moved on)."""
     _check_kind(kind)
     return _update(
         session,
         run_id,
-        [Run.status.not_in(TERMINAL_STATUSES)],
+        [Run.status.not_in(TERMINAL_STATUSES), *_fence(lease_id)],
         status="failed",
         error_kind=kind,
         error_message=message[:MAX_ERROR_MESSAGE_CHARS],
@@ -212,13 +252,19 @@ def mark_failed(session: Session, run_id: int, kind: str, message: str, now: dat
 
 
 def mark_cancelled(
-    session: Session, run_id: int, message: str = "cancelled by request", now: datetime | None = None
+    session: Session,
+    run_id: int,
+    message: str = "cancelled by request",
+    now: datetime | None = None,
+    *,
+    lease_id: int | None = None,
 ) -> bool:
-    """Any non-terminal run -> cancelled (a queued run, or a running one whose worker stopped it)."""
+    """Any non-terminal run -> cancelled (a queued run, or a running one whose worker stopped it: that worker
+    names its lease)."""
     return _update(
         session,
         run_id,
-        [Run.status.not_in(TERMINAL_STATUSES)],
+        [Run.status.not_in(TERMINAL_STATUSES), *_fence(lease_id)],
         status="cancelled",
         error_kind="cancelled",
         error_message=message,
@@ -242,16 +288,19 @@ def _store_metrics(session: Session, run_id: int, result: RunResult) -> None:
     store_loss_curve(session, run_id, [(s.step, s.loss) for s in result.steps if s.loss is not None], held_out)
 
 
-def record_result(session: Session, run_id: int, result: RunResult, now: datetime | None = None) -> bool:
+def record_result(
+    session: Session, run_id: int, result: RunResult, now: datetime | None = None, *, lease_id: int | None = None
+) -> bool:
     """Store a RunResult (summary, steps, result JSON) and end the run succeeded | failed.
 
-    False (nothing stored) when the run had already ended, e.g. cancelled or reaped as lost meanwhile.
+    False (nothing stored) when the run had already ended, e.g. cancelled or reaped as lost meanwhile, or (a
+    worker's write, `lease_id` given) is no longer active under that lease: reaped, requeued, claimed again.
     """
     error = result.error
     ok = _update(
         session,
         run_id,
-        [Run.status.not_in(TERMINAL_STATUSES)],
+        [Run.status.not_in(TERMINAL_STATUSES), *_fence(lease_id)],
         status=result.status,
         result=result.model_dump(mode="json", exclude={"steps"}),
         error_kind=error.kind if error else None,
@@ -264,16 +313,32 @@ def record_result(session: Session, run_id: int, result: RunResult, now: datetim
     return ok
 
 
+@dataclass(frozen=True)
+class Reaped:
+    requeued: list[int]
+    failed: list[int]  # failed worker_lost, or cancelled (a cancel was pending)
+    run_dirs: dict[int, str | None]  # each reaped run's directory as it was when reaped (its last attempt's)
+
+
 def reap_expired(session: Session, now: datetime | None = None, max_attempts: int = 3) -> tuple[list[int], list[int]]:
     """Active runs whose lease expired: back to queued (undispatched) while attempts remain, else failed.
 
     Returns (requeued run ids, failed run ids). A run with a pending cancel is cancelled instead.
     """
+    reaped = reap_expired_runs(session, now, max_attempts)
+    return reaped.requeued, reaped.failed
+
+
+def reap_expired_runs(session: Session, now: datetime | None = None, max_attempts: int = 3) -> Reaped:
+    """reap_expired, with the run directory of each reaped attempt read in the same UPDATE: the reaper ends
+    the leftover processes of that attempt only, never those of a retry claimed a moment later."""
     now = now or utcnow()
+    dirs: dict[int, str | None] = {}
     expired = [Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now]
     cancelled = _bulk(
         session,
         expired + [Run.cancel_requested.is_(True)],
+        dirs=dirs,
         status="cancelled",
         error_kind="cancelled",
         error_message="cancelled (worker lost)",
@@ -282,6 +347,7 @@ def reap_expired(session: Session, now: datetime | None = None, max_attempts: in
     failed = _bulk(
         session,
         expired + [Run.attempts >= max_attempts],
+        dirs=dirs,
         status="failed",
         error_kind="worker_lost",
         error_message=f"worker lost: lease expired after {max_attempts} attempt(s)",
@@ -290,6 +356,7 @@ def reap_expired(session: Session, now: datetime | None = None, max_attempts: in
     requeued = _bulk(
         session,
         expired,
+        dirs=dirs,
         status="queued",
         dispatched_at=None,
         worker=None,
@@ -299,7 +366,7 @@ def reap_expired(session: Session, now: datetime | None = None, max_attempts: in
     )
     if requeued or failed or cancelled:
         log.warning("reaped expired leases: requeued %s, failed %s, cancelled %s", requeued, failed, cancelled)
-    return requeued, failed + cancelled
+    return Reaped(requeued, failed + cancelled, dirs)
 
 
 def requeue_detached(session: Session, run_ids: list[int], now: datetime | None = None) -> list[int]:
@@ -323,7 +390,9 @@ def requeue_detached(session: Session, run_ids: list[int], now: datetime | None 
     return requeued
 
 
-def requeue_interrupted(session: Session, run_id: int, worker: str, reason: str, refund_attempt: bool) -> bool:
+def requeue_interrupted(
+    session: Session, run_id: int, worker: str, reason: str, refund_attempt: bool, *, lease_id: int | None = None
+) -> bool:
     """running|pending (owned by `worker`) -> queued, undispatched, at once: its worker is shutting down.
 
     refund_attempt: the run's processes were ended by us (not the run's fault), so the attempt is given back
@@ -331,7 +400,13 @@ def requeue_interrupted(session: Session, run_id: int, worker: str, reason: str,
     spends nothing). A run with a pending cancel is left to mark_cancelled."""
     stmt = (
         sa.update(Run)
-        .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.worker == worker, Run.cancel_requested.is_(False))
+        .where(
+            Run.id == run_id,
+            Run.status.in_(ACTIVE_STATUSES),
+            Run.worker == worker,
+            Run.cancel_requested.is_(False),
+            *_fence(lease_id),
+        )
         .values(
             status="queued",
             dispatched_at=None,
@@ -362,12 +437,12 @@ def expire_leases(session: Session, owners: list[tuple[int, str]], now: datetime
     return expired
 
 
-def requeue_for_retry(session: Session, run_id: int, reason: str) -> bool:
-    """running|pending -> queued (undispatched) for another attempt after an infrastructure failure
-    (node failure, preemption), unless a cancel is pending."""
+def requeue_for_retry(session: Session, run_id: int, reason: str, *, lease_id: int | None = None) -> bool:
+    """running|pending (under `lease_id` when given) -> queued (undispatched) for another attempt after an
+    infrastructure failure (node failure, preemption), unless a cancel is pending."""
     stmt = (
         sa.update(Run)
-        .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.cancel_requested.is_(False))
+        .where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES), Run.cancel_requested.is_(False), *_fence(lease_id))
         .values(
             status="queued",
             dispatched_at=None,
@@ -391,11 +466,11 @@ def active_runs_with_dir(session: Session) -> list[Run]:
 
 
 def expired_active_runs(session: Session, now: datetime) -> list[sa.Row[*tuple[Any, ...]]]:
-    """(id, cluster, run_dir, created_at, attempts) of active runs whose lease expired and that have no pending
-    cancel."""
+    """(id, cluster, run_dir, created_at, attempts, lease_id) of active runs whose lease expired and that have no
+    pending cancel."""
     return list(
         session.execute(
-            sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at, Run.attempts).where(
+            sa.select(Run.id, Run.cluster, Run.run_dir, Run.created_at, Run.attempts, Run.lease_id).where(
                 Run.status.in_(ACTIVE_STATUSES), Run.lease_expires_at < now, Run.cancel_requested.is_(False)
             )
         )
@@ -410,13 +485,18 @@ def active_runs_on_host(session: Session, host: str) -> list[tuple[int, str]]:
     return [(row.id, row.worker) for row in session.execute(stmt)]
 
 
-def run_dirs(session: Session, run_ids: list[int]) -> list[tuple[int, str | None]]:
-    return [(row.id, row.run_dir) for row in session.execute(sa.select(Run.id, Run.run_dir).where(Run.id.in_(run_ids)))]
-
-
-def _bulk(session: Session, where: list[sa.ColumnElement[bool]], **values: Any) -> list[int]:
-    stmt = sa.update(Run).where(*where).values(lease_expires_at=None, **values).returning(Run.id)
-    return list(session.scalars(stmt.execution_options(synchronize_session=False)))
+def _bulk(
+    session: Session,
+    where: list[sa.ColumnElement[bool]],
+    dirs: dict[int, str | None] | None = None,
+    **values: Any,
+) -> list[int]:
+    """One UPDATE of every run matching `where`; their ids (and, into `dirs`, their run_dir before it)."""
+    stmt = sa.update(Run).where(*where).values(lease_expires_at=None, **values).returning(Run.id, Run.run_dir)
+    rows = session.execute(stmt.execution_options(synchronize_session=False)).all()
+    if dirs is not None:
+        dirs.update({row.id: row.run_dir for row in rows})
+    return [row.id for row in rows]
 
 
 def get_run(session: Session, run_id: int) -> Run | None:
@@ -432,28 +512,37 @@ def get_summary(session: Session, run_id: int) -> RunSummary | None:
     return session.get(RunSummary, run_id)
 
 
-def store_log(session: Session, run_id: int, tail: bytes, log_bytes: int, *, final: bool = False) -> None:
+def store_log(
+    session: Session, run_id: int, tail: bytes, log_bytes: int, *, final: bool = False, lease_id: int | None = None
+) -> bool:
     """Store the newest LOG_STORE_MAX_BYTES of a run's log (decoded leniently; NUL is not valid in text
-    columns). A final tail is never replaced by a later live one."""
+    columns). A final tail is never replaced by a later live one. False (nothing stored): the run is not active
+    under `lease_id` any more (a stale worker's log must not replace the retry's)."""
+    if lease_id is not None and not holds_lease(session, run_id, lease_id):
+        return False
     text = tail[-LOG_STORE_MAX_BYTES:].decode("utf-8", "replace").replace("\x00", "\ufffd")
     row = session.get(RunLog, run_id)
     if row is None:
         session.add(RunLog(run_id=run_id, text=text, log_bytes=log_bytes, final=final, updated_at=utcnow()))
     elif final or not row.final:
         row.text, row.log_bytes, row.final, row.updated_at = text, log_bytes, final, utcnow()
+    return True
 
 
 def get_log(session: Session, run_id: int) -> RunLog | None:
     return session.get(RunLog, run_id)
 
 
-def store_trace(session: Session, run_id: int, rank: int, data_gzip: bytes) -> None:
-    """Store (or replace) one rank's gzipped chrome trace; ValueError when it is over TRACE_STORE_MAX_BYTES."""
+def store_trace(session: Session, run_id: int, rank: int, data_gzip: bytes, *, lease_id: int | None = None) -> bool:
+    """Store (or replace) one rank's gzipped chrome trace; ValueError when it is over TRACE_STORE_MAX_BYTES.
+    False (nothing stored): the run is not active under `lease_id` any more."""
     if len(data_gzip) > TRACE_STORE_MAX_BYTES:
         raise ValueError(
             f"trace of rank {rank}: {len(data_gzip)} bytes gzipped, over the store's limit of "
             f"{TRACE_STORE_MAX_BYTES} bytes"
         )
+    if lease_id is not None and not holds_lease(session, run_id, lease_id):
+        return False
     row = session.get(RunTrace, (run_id, rank))
     if row is None:
         session.add(
@@ -461,6 +550,7 @@ def store_trace(session: Session, run_id: int, rank: int, data_gzip: bytes) -> N
         )
     else:
         row.data_gzip, row.gzip_bytes, row.created_at = data_gzip, len(data_gzip), utcnow()
+    return True
 
 
 def get_trace(session: Session, run_id: int, rank: int) -> RunTrace | None:

@@ -14,6 +14,12 @@ Kubernetes CronJob): `skip` (the default) records the firing as skipped with its
 and fires. Whatever the policy, a firing is skipped while the suite has max_queued_runs runs still queued, so
 a schedule faster than its runs cannot pile up work without bound. A manual trigger ignores the policy but not
 the cap. Every firing is recorded (suite_firings: fired, skipped or failed, with the reason).
+
+The cap holds under concurrent firings (ten simultaneous `POST /suites/{id}/trigger`, a trigger racing the
+beat): fire_suite first locks the suite's row (lock_suite: SELECT ... FOR UPDATE on PostgreSQL; on SQLite a
+write to the row, which takes the database's write lock as BEGIN IMMEDIATE would), then counts the queued
+runs and creates the experiment in that one transaction; a second firing waits for the first to commit and
+counts its runs.
 """
 
 from __future__ import annotations
@@ -382,12 +388,33 @@ def list_firings(session: Session, suite_id: int, limit: int = 50) -> list[Suite
     return list(session.scalars(stmt))
 
 
+def lock_suite(session: Session, suite_id: int) -> Suite | None:
+    """Lock the suite's row until the caller commits and return it read fresh (None: it is gone). Another
+    firing of the suite waits here, then sees this one's runs (each statement reads what was committed)."""
+    if session.get_bind().dialect.name == "sqlite":
+        # SQLite has no row locks: a write takes the database's write lock now (the equivalent of BEGIN
+        # IMMEDIATE), so that no other writer commits between the count below and this firing's commit.
+        session.execute(
+            sa.update(Suite)
+            .where(Suite.id == suite_id)
+            .values(id=Suite.id)
+            .execution_options(synchronize_session=False)
+        )
+    stmt = sa.select(Suite).where(Suite.id == suite_id).with_for_update()
+    return session.scalars(stmt.execution_options(populate_existing=True)).first()
+
+
 def fire_suite(
     session: Session, suite: Suite, clusters: Mapping[str, Cluster], now: datetime, trigger: str = "schedule"
 ) -> Fired:
     """Create the suite's experiment (the caller already holds the claim, or this is a manual trigger) unless
     the concurrency policy or the queued-run cap skips it; or record on the suite why it cannot expand. Every
-    outcome is recorded as a firing. The caller commits, then publishes the run ids."""
+    outcome is recorded as a firing. The cap check and the firing are one transaction under the suite's row
+    lock (lock_suite). The caller commits, then publishes the run ids."""
+    locked = lock_suite(session, suite.id)
+    if locked is None:
+        return Fired(suite.id, None, error=f"suite {suite.id} was deleted")
+    suite = locked
     unfinished = unfinished_runs(session, suite.id)
     num_cancelled = 0
     if trigger == "schedule" and suite.concurrency_policy == "replace" and unfinished.total:

@@ -9,6 +9,7 @@ import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -16,10 +17,11 @@ from sqlalchemy.orm import Session
 from core.contracts.webhook_targets import Resolver, TargetRefused
 from core.contracts.webhook_targets import check_url as check_target
 from db.base import utcnow
-from db.models import DEFAULT_WEBHOOK_EVENTS, WEBHOOK_EVENTS, Webhook, WebhookDelivery
+from db.models import DEFAULT_WEBHOOK_EVENTS, WEBHOOK_EVENTS, ApiToken, Webhook, WebhookDelivery
 from db.session import rowcount
 
 MIN_SECRET_CHARS = 16
+MAX_WEBHOOKS_PER_TOKEN = 20  # each webhook costs the scheduler's sender time: no token can make it unbounded
 
 
 class WebhookError(ValueError):
@@ -59,21 +61,45 @@ def create_webhook(
     now: datetime | None = None,
     allow_private: bool = False,
     resolve: Resolver | None = None,
+    token_id: int | None = None,
+    max_per_token: int = MAX_WEBHOOKS_PER_TOKEN,
 ) -> Webhook:
     """A webhook; without a secret one is generated (returned once by the API, then never shown).
-    allow_private: the operator allows receivers on private networks; resolve: check the name's addresses too."""
+    allow_private: the operator allows receivers on private networks; resolve: check the name's addresses too.
+    token_id: the token creating it, which may own at most `max_per_token` webhooks (counted under the token's
+    row lock, so concurrent creations cannot pass the cap)."""
     if secret is not None and len(secret) < MIN_SECRET_CHARS:
         raise WebhookError("secret", f"must have at least {MIN_SECRET_CHARS} characters")
+    if token_id is not None:
+        _lock_token(session, token_id)
+        count = sa.select(sa.func.count()).select_from(Webhook).where(Webhook.token_id == token_id)
+        owned = session.scalar(count) or 0
+        if owned >= max_per_token:
+            raise WebhookError(
+                "url",
+                f"this token already owns {owned} webhooks: the cap is {max_per_token} webhooks per token; "
+                "delete one (DELETE /webhooks/{id}) before adding another",
+            )
     hook = Webhook(
         url=check_url(url, allow_private=allow_private, resolve=resolve),
         secret=secret or secrets.token_hex(32),
         events=check_events(events if events is not None else DEFAULT_WEBHOOK_EVENTS),
         enabled=enabled,
         created_at=now or utcnow(),
+        token_id=token_id,
     )
     session.add(hook)
     session.flush()
     return hook
+
+
+def _lock_token(session: Session, token_id: int) -> None:
+    """Hold the token's row until the caller commits (SQLite: a write takes the database's write lock)."""
+    if session.get_bind().dialect.name == "sqlite":
+        stmt = sa.update(ApiToken).where(ApiToken.id == token_id).values(id=ApiToken.id)
+        session.execute(stmt.execution_options(synchronize_session=False))
+    else:
+        session.execute(sa.select(ApiToken.id).where(ApiToken.id == token_id).with_for_update())
 
 
 def list_webhooks(session: Session) -> list[Webhook]:
@@ -164,6 +190,18 @@ def due_deliveries(session: Session, now: datetime, limit: int = 50) -> list[tup
         .limit(limit)
     )
     return [(r.id, r.next_attempt_at) for r in session.execute(stmt)]
+
+
+def delivery_hosts(session: Session, delivery_ids: list[int]) -> dict[int, str]:
+    """The receiver (the URL's host, lower case) of each delivery: the unit of the sender's back-off."""
+    if not delivery_ids:
+        return {}
+    stmt = (
+        sa.select(WebhookDelivery.id, Webhook.url)
+        .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
+        .where(WebhookDelivery.id.in_(delivery_ids))
+    )
+    return {row.id: (urlsplit(row.url).hostname or "").lower() for row in session.execute(stmt)}
 
 
 def claim_delivery(

@@ -10,6 +10,12 @@ A message names a run, but the worker starts the oldest claimable run of that ru
 When the worker is told to stop (SIGTERM, `request_shutdown`), a watched run is not waited for: a local
 run's processes are ended and the run is requeued at once with its attempt given back; a Slurm job goes on
 and its run is requeued for the next worker to re-attach to.
+
+Fencing: the claim gives this worker a lease id (db.runs.claim_run) and a run directory of its own
+(runs/run-N/lease-K/); every later write about the run names the lease, and the store refuses it once the
+run has moved on (reaped while this worker was paused, requeued, claimed by another worker). A refused
+write ends this attempt's processes (those whose argv names its own spec.json: another attempt's never
+match) and records nothing more: the run's record belongs to whoever holds it now.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import db.runs
 from core.contracts.specs import ErrorKind, RunError, RunResult, RunSpec
 from db import outbox
 from db.session import session_scope
-from worker.launchers.base import LaunchHandle, LaunchOutcome, read_log_tail, trace_files
+from worker.launchers.base import Launcher, LaunchHandle, LaunchOutcome, read_log_tail, trace_files
 from worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -111,7 +117,7 @@ def _execute(rt: Runtime, run_id: int, republish: Callable[[int], None] | None) 
         return "skipped"
     if claimed[0] != run_id:
         log.info("message for run %d: starting run %d, the oldest queued run of its cluster", run_id, claimed[0])
-    run_id, attached = claimed
+    run_id, lease, attached = claimed
     run = with_db(rt, lambda s: db.runs.get_run(s, run_id), f"run {run_id}: read")
     assert run is not None
     try:
@@ -127,33 +133,39 @@ def _execute(rt: Runtime, run_id: int, republish: Callable[[int], None] | None) 
                 handle.extra.get("last_state"),
             )
         else:
-            run_dir = rt.run_dir(cluster, run_id)
+            run_dir = rt.run_dir(cluster, run_id, lease)
             if run_dir.exists() and _left_by_another_database(run_dir, run.created_at):
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
             handle = launcher.start(spec, str(run_id), run_dir)
     except Exception as exc:  # noqa: BLE001 - recorded, never swallowed
         log.exception("run %d: launch failed", run_id)
-        _record_failure(rt, run_id, run.spec, "launch_error", f"launch failed: {exc}", "")
+        _record_failure(rt, run_id, lease, run.spec, "launch_error", f"launch failed: {exc}", "")
         return "failed"
-    with_db(
+    if not with_db(
         rt,
-        lambda s: db.runs.update_launch(s, run_id, run_dir=str(run_dir), slurm_job_id=handle.job_id),
+        lambda s: db.runs.update_launch(
+            s, run_id, run_dir=str(run_dir), slurm_job_id=handle.job_id or None, lease_id=lease
+        ),
         f"run {run_id}: launch details",
         retry_forever=True,
-    )
-    outcome = _watch(rt, run_id, launcher, handle)
-    if isinstance(outcome, str):  # cancelled, or interrupted by the worker's shutdown
+    ):
+        _stop(rt, run_id, lease, launcher, handle, owned=False)
+        return "superseded"
+    outcome = _watch(rt, run_id, lease, launcher, handle)
+    if isinstance(outcome, str):  # cancelled, superseded, or interrupted by the worker's shutdown
         return outcome
     _mark_ended(handle, outcome.state)
-    status = _finish(rt, run_id, run.spec, run.attempts, outcome, republish)
+    status = _finish(rt, run_id, lease, run.spec, run.attempts, outcome, republish)
     if hasattr(launcher, "finish"):  # the result was visible first; the node is free after teardown
         launcher.finish(handle, stop_waiting=_shutdown.is_set)  # a stopping worker does not wait for it
     return status
 
 
-def _claim_next(rt: Runtime, message_run_id: int) -> tuple[int, LaunchHandle | None] | None:
-    """Claim the oldest claimable run for this message (db.runs.claim_candidates): (run id, the Slurm job's
-    handle to re-attach to or None), or None when there is nothing to claim. Racing workers are fine: the
+def _claim_next(rt: Runtime, message_run_id: int) -> tuple[int, int, LaunchHandle | None] | None:
+    """Claim the oldest claimable run for this message (db.runs.claim_candidates): (run id, lease id, the Slurm
+    job's handle to re-attach to or None), or None when there is nothing to claim. A claim that launches
+    records its run directory (run-N/lease-K) in the claim's transaction, before anything is submitted, so a
+    Slurm job found later by its name is looked for where it was started. Racing workers are fine: the
     claim is one conditional UPDATE; the loser tries the next candidate."""
     tried: set[int] = set()
     while True:
@@ -177,11 +189,16 @@ def _claim_next(rt: Runtime, message_run_id: int) -> tuple[int, LaunchHandle | N
                 )
                 continue
 
-            def claim(s: Session, i: int = run_id, a: LaunchHandle | None = attached) -> bool:
-                return db.runs.claim_run(s, i, rt.worker_name, rt.host, rt.settings.lease_s, count_attempt=a is None)
+            def claim(s: Session, i: int = run_id, a: LaunchHandle | None = attached) -> int | None:
+                lease = db.runs.claim_run(s, i, rt.worker_name, rt.host, rt.settings.lease_s, count_attempt=a is None)
+                run = db.runs.get_run(s, i) if lease is not None and a is None else None
+                if lease is not None and run is not None and run.cluster in rt.clusters:
+                    run_dir = rt.run_dir(rt.clusters[run.cluster], i, lease)
+                    db.runs.update_launch(s, i, run_dir=str(run_dir), lease_id=lease)
+                return lease
 
-            if with_db(rt, claim, f"run {run_id}: claim"):
-                return run_id, attached
+            if lease := with_db(rt, claim, f"run {run_id}: claim"):
+                return run_id, lease, attached
 
 
 def _left_by_another_database(run_dir: Path, created_at: datetime) -> bool:
@@ -220,7 +237,8 @@ def _find_attachable(rt: Runtime, run_id: int) -> LaunchHandle | None:
     cluster = rt.clusters[run.cluster]
     if cluster.launcher != "slurm":
         return None  # a local run's processes died with their worker: it is launched again
-    return find_slurm_job(rt, cluster, run_id, run.run_dir or rt.run_dir(cluster, run_id), run.created_at, run.attempts)
+    run_dir = run.run_dir or rt.run_dir(cluster, run_id, run.lease_id)
+    return find_slurm_job(rt, cluster, run_id, run_dir, run.created_at, run.attempts)
 
 
 def find_slurm_job(
@@ -257,54 +275,72 @@ def _mark_ended(handle: LaunchHandle, state: str) -> None:
         log.warning("run %s: could not mark %s ended (%s)", handle.run_id, handle.run_dir, exc)
 
 
-def _watch(rt: Runtime, run_id: int, launcher, handle: LaunchHandle) -> LaunchOutcome | str:
+def _watch(rt: Runtime, run_id: int, lease: int, launcher, handle: LaunchHandle) -> LaunchOutcome | str:
     """Poll until the run ends; heartbeat; act on cancel and on the worker's shutdown. A status string
-    instead of an outcome when the run was cancelled (or taken away) or interrupted (requeued)."""
+    instead of an outcome when the run was cancelled, taken away ('superseded': the store refused a write
+    under this lease) or interrupted (requeued)."""
     next_heartbeat = next_cancel_check = next_log = 0.0
     last_state = "running"
-    shipped = LogShipper(rt, run_id, handle.run_dir)
+    shipped = LogShipper(rt, run_id, handle.run_dir, lease)
     while True:
         outcome = launcher.poll(handle)
         if outcome.state not in ("pending", "running"):
-            shipped.ship(final=True)
-            ship_traces(rt, run_id, handle.run_dir)
+            if not shipped.ship(final=True) or ship_traces(rt, run_id, handle.run_dir, lease) is None:
+                return _superseded(rt, run_id, lease, launcher, handle, "its processes ended")
             return outcome
         if _shutdown.is_set():
-            return _interrupt(rt, run_id, launcher, handle, shipped)
+            return _interrupt(rt, run_id, lease, launcher, handle, shipped)
         now = time.monotonic()
         if now >= next_log:
             next_log = now + LOG_SHIP_S
-            shipped.ship()
+            if shipped.ship() is False:
+                return _superseded(rt, run_id, lease, launcher, handle, "log shipping")
         if outcome.state != last_state:  # Slurm: pending <-> running
             last_state = outcome.state
-            _try_db(
+            moved = _try_db(
                 rt,
-                functools.partial(db.runs.update_launch, run_id=run_id, status=outcome.state),
+                functools.partial(db.runs.update_launch, run_id=run_id, status=outcome.state, lease_id=lease),
                 f"run {run_id}: state",
             )
+            if moved is False:
+                return _superseded(rt, run_id, lease, launcher, handle, "state change")
         if now >= next_heartbeat:
             next_heartbeat = now + rt.settings.heartbeat_s
-            lease = _try_db(
+            state = _try_db(
                 rt,
-                lambda s: db.runs.heartbeat(s, run_id, rt.settings.lease_s, rt.worker_name),
+                lambda s: db.runs.heartbeat(s, run_id, rt.settings.lease_s, rt.worker_name, lease_id=lease),
                 f"run {run_id}: heartbeat",
             )
-            if lease is not None and (lease.cancel_requested or not lease.owned):
-                _stop(rt, run_id, launcher, handle, owned=lease.owned)
-                if lease.owned:
-                    shipped.ship(final=True)
+            if state is not None and not state.owned:
+                return _superseded(rt, run_id, lease, launcher, handle, "heartbeat")
+            if state is not None and state.cancel_requested:
+                _stop(rt, run_id, lease, launcher, handle, owned=True, shipped=shipped)
                 return "cancelled"
         elif now >= next_cancel_check:
             next_cancel_check = now + CANCEL_CHECK_S
             flag = _try_db(rt, lambda s: db.runs.cancel_requested(s, run_id), f"run {run_id}: cancel check")
             if flag:
-                _stop(rt, run_id, launcher, handle, owned=True)
-                shipped.ship(final=True)
+                _stop(rt, run_id, lease, launcher, handle, owned=True, shipped=shipped)
                 return "cancelled"
         time.sleep(POLL_S)
 
 
-def _interrupt(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, shipped: LogShipper) -> str:
+def _superseded(rt: Runtime, run_id: int, lease: int, launcher, handle: LaunchHandle, write: str) -> str:
+    """The store refused a write under this lease: the run moved on (reaped while this worker could not
+    heartbeat, then requeued or failed; claimed again; cancelled). End this attempt's processes and record
+    nothing: another claim (or the reaper) owns the run's record now."""
+    log.warning(
+        "run %d: lease %d is no longer the run's (%s refused: reaped, requeued or claimed again meanwhile): "
+        "stopping this attempt only, recording nothing",
+        run_id,
+        lease,
+        write,
+    )
+    _stop(rt, run_id, lease, launcher, handle, owned=False)
+    return "superseded"
+
+
+def _interrupt(rt: Runtime, run_id: int, lease: int, launcher, handle: LaunchHandle, shipped: LogShipper) -> str:
     """The worker is stopping: end a local run's processes (a Slurm job does not depend on us: it goes on) and
     requeue the run at once (db.runs.requeue_interrupted), so that nobody waits for its lease to run out."""
     slurm = handle.launcher == "slurm"
@@ -316,9 +352,9 @@ def _interrupt(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, shipped
     shipped.ship()
 
     def requeue(s: Session) -> str:
-        if db.runs.requeue_interrupted(s, run_id, rt.worker_name, reason, refund_attempt=not slurm):
+        if db.runs.requeue_interrupted(s, run_id, rt.worker_name, reason, refund_attempt=not slurm, lease_id=lease):
             return "queued"
-        if not slurm and db.runs.cancel_requested(s, run_id) and db.runs.mark_cancelled(s, run_id):
+        if not slurm and db.runs.cancel_requested(s, run_id) and db.runs.mark_cancelled(s, run_id, lease_id=lease):
             return "cancelled"
         return "interrupted"  # ended meanwhile (cancelled, reaped): its record stands
 
@@ -330,35 +366,43 @@ def _interrupt(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, shipped
 
 class LogShipper:
     """Ships the tail of a run's log.txt into the store (db.runs.store_log) when it grew, best effort while
-    the run goes on; the final tail is written before the result, so a finished run's log is there."""
+    the run goes on; the final tail is written before the result, so a finished run's log is there.
 
-    def __init__(self, rt: Runtime, run_id: int, run_dir: str) -> None:
-        self.rt, self.run_id, self.run_dir, self.shipped_bytes = rt, run_id, run_dir, -1
+    ship() returns False when the store refused it (the run is no longer active under this lease), else True
+    (also when nothing was shipped: unchanged, unreadable, database down)."""
 
-    def ship(self, final: bool = False) -> None:
+    def __init__(self, rt: Runtime, run_id: int, run_dir: str, lease: int | None = None) -> None:
+        self.rt, self.run_id, self.run_dir, self.lease, self.shipped_bytes = rt, run_id, run_dir, lease, -1
+
+    def ship(self, final: bool = False) -> bool:
         try:
             tail, size = read_log_tail(self.run_dir, db.runs.LOG_STORE_MAX_BYTES)
         except OSError as exc:  # the shared run dir is unreachable: the run goes on; say so once per call
             log.warning("run %d: log not readable (%s)", self.run_id, exc)
-            return
+            return True
         if size == self.shipped_bytes and not final:
-            return
-
-        def store(s: Session) -> bool:
-            db.runs.store_log(s, self.run_id, tail, size, final=final)
             return True
 
+        def store(s: Session) -> bool:
+            return db.runs.store_log(s, self.run_id, tail, size, final=final, lease_id=self.lease)
+
         if final:
-            with_db(self.rt, store, f"run {self.run_id}: final log", retry_forever=True)
-        elif _try_db(self.rt, store, f"run {self.run_id}: log") is None:
-            return
-        self.shipped_bytes = size
+            stored = with_db(self.rt, store, f"run {self.run_id}: final log", retry_forever=True)
+        else:
+            tried = _try_db(self.rt, store, f"run {self.run_id}: log")
+            if tried is None:
+                return True
+            stored = tried
+        if stored:
+            self.shipped_bytes = size
+        return stored
 
 
-def ship_traces(rt: Runtime, run_id: int, run_dir: str | Path) -> int:
+def ship_traces(rt: Runtime, run_id: int, run_dir: str | Path, lease: int | None = None) -> int | None:
     """Store each rank's profiler trace (a profiled run's trace.rank{R}.json.gz) once the run ended, before its
     result is recorded, one rank at a time (tens of MB each on a GPU). A trace over the store's limit stays in
-    the run directory only, and says so. Returns how many were stored."""
+    the run directory only, and says so. Returns how many were stored, None when the store refused them (the
+    run is no longer active under `lease`)."""
     try:
         files = trace_files(run_dir)
     except OSError as exc:  # the shared run dir is unreachable: the result is still recorded
@@ -368,11 +412,12 @@ def ship_traces(rt: Runtime, run_id: int, run_dir: str | Path) -> int:
     for rank, path in files:
         data = path.read_bytes()
 
-        def store(s: Session, rank: int = rank, data: bytes = data) -> None:
-            db.runs.store_trace(s, run_id, rank, data)
+        def store(s: Session, rank: int = rank, data: bytes = data) -> bool:
+            return db.runs.store_trace(s, run_id, rank, data, lease_id=lease)
 
         try:
-            with_db(rt, store, f"run {run_id}: trace of rank {rank}", retry_forever=True)
+            if not with_db(rt, store, f"run {run_id}: trace of rank {rank}", retry_forever=True):
+                return None
             stored += 1
         except ValueError as exc:
             log.warning("run %d: %s; kept in %s only", run_id, exc, path)
@@ -381,17 +426,34 @@ def ship_traces(rt: Runtime, run_id: int, run_dir: str | Path) -> int:
     return stored
 
 
-def _stop(rt: Runtime, run_id: int, launcher, handle: LaunchHandle, owned: bool) -> None:
+def _stop(
+    rt: Runtime,
+    run_id: int,
+    lease: int,
+    launcher: Launcher,
+    handle: LaunchHandle,
+    owned: bool,
+    shipped: LogShipper | None = None,
+) -> None:
+    """End this attempt's processes; owned (a cancel was asked): ship the final log, then record cancelled
+    (in that order: the lease fences writes to an active run only)."""
     if not owned and handle.launcher == "slurm":
         # Reaped while this worker could not heartbeat: the reaper requeued it for a worker to re-attach
         # (or cancelled it, and scancelled the job itself). The job does not depend on us: leave it alone.
         log.warning("run %d: no longer ours: stop watching Slurm job %s (left running)", run_id, handle.job_id)
         return
-    why = "cancel requested" if owned else "the run is no longer ours (reaped or cancelled)"
-    log.info("run %d: %s: ending its processes", run_id, why)
+    why = "cancel requested" if owned else f"lease {lease} is no longer the run's (reaped or cancelled)"
+    log.info("run %d: %s: ending this attempt's processes", run_id, why)
     launcher.cancel(handle)
     if owned:
-        with_db(rt, lambda s: db.runs.mark_cancelled(s, run_id), f"run {run_id}: mark cancelled", retry_forever=True)
+        if shipped is not None:
+            shipped.ship(final=True)
+        with_db(
+            rt,
+            lambda s: db.runs.mark_cancelled(s, run_id, lease_id=lease),
+            f"run {run_id}: mark cancelled",
+            retry_forever=True,
+        )
 
 
 _db_warned_at = 0.0
@@ -412,6 +474,7 @@ def _try_db(rt: Runtime, fn: Callable[[Session], T], what: str) -> T | None:
 def _finish(
     rt: Runtime,
     run_id: int,
+    lease: int,
     spec_json: dict,
     attempts: int,
     outcome: LaunchOutcome,
@@ -420,15 +483,21 @@ def _finish(
     if outcome.result is not None:
         result = outcome.result
         stored = with_db(
-            rt, lambda s: db.runs.record_result(s, run_id, result), f"run {run_id}: record result", retry_forever=True
+            rt,
+            lambda s: db.runs.record_result(s, run_id, result, lease_id=lease),
+            f"run {run_id}: record result",
+            retry_forever=True,
         )
-        log.info("run %d: %s (%s)", run_id, result.status, "recorded" if stored else "already ended: not stored")
+        if not stored:
+            log.warning("run %d: %s, not stored: lease %d is no longer the run's", run_id, result.status, lease)
+            return "superseded"
+        log.info("run %d: %s (recorded)", run_id, result.status)
         return result.status
     assert outcome.error_kind is not None
     if outcome.retryable and attempts <= rt.settings.max_infra_retries:
         requeued = with_db(
             rt,
-            lambda s: db.runs.requeue_for_retry(s, run_id, outcome.message or ""),
+            lambda s: db.runs.requeue_for_retry(s, run_id, outcome.message or "", lease_id=lease),
             f"run {run_id}: requeue",
             retry_forever=True,
         )
@@ -437,18 +506,22 @@ def _finish(
             run_id,
             attempts,
             outcome.message,
-            "requeued" if requeued else "not requeued (already ended)",
+            "requeued" if requeued else f"not requeued (lease {lease} is no longer the run's)",
         )
-        if requeued and republish is not None:
+        if not requeued:
+            return "superseded"
+        if republish is not None:
             republish(run_id)
         return "queued"
-    _record_failure(rt, run_id, spec_json, outcome.error_kind, outcome.message or outcome.error_kind, outcome.log_tail)
+    message = outcome.message or outcome.error_kind
+    if not _record_failure(rt, run_id, lease, spec_json, outcome.error_kind, message, outcome.log_tail):
+        return "superseded"
     return "failed"
 
 
 def _record_failure(
-    rt: Runtime, run_id: int, spec_json: dict[str, Any], kind: ErrorKind, message: str, tail: str
-) -> None:
+    rt: Runtime, run_id: int, lease: int, spec_json: dict[str, Any], kind: ErrorKind, message: str, tail: str
+) -> bool:
     """failed(kind) with the message and the log's tail (in the message and in result.error.traceback_tail)."""
     text = f"{message}\n--- log tail ---\n{tail[-TAIL_IN_MESSAGE_CHARS:]}" if tail else message
     try:
@@ -458,5 +531,14 @@ def _record_failure(
     result = RunResult(
         run_key=run_key, status="failed", error=RunError(kind=kind, message=text[:20000], traceback_tail=tail or None)
     )
-    with_db(rt, lambda s: db.runs.record_result(s, run_id, result), f"run {run_id}: record failure", retry_forever=True)
+    stored = with_db(
+        rt,
+        lambda s: db.runs.record_result(s, run_id, result, lease_id=lease),
+        f"run {run_id}: record failure",
+        retry_forever=True,
+    )
+    if not stored:
+        log.warning("run %d: failed (%s), not stored: lease %d is no longer the run's", run_id, kind, lease)
+        return False
     log.warning("run %d: failed (%s): %s", run_id, kind, message)
+    return True

@@ -19,9 +19,10 @@ once when the scheduler is back, then follows the schedule.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from celery import Celery
 from sqlalchemy.exc import IntegrityError
@@ -126,16 +127,21 @@ def nightly_tick(
     now: datetime | None = None,
     *,
     webhook_allow_private: bool = False,
+    deliver_webhooks: bool = True,
 ) -> dict[str, list]:
     """One tick; a failing phase is logged and does not stop the others. webhook_allow_private: the operator
-    allows webhook receivers on private networks (settings.webhook_allow_private)."""
+    allows webhook receivers on private networks (settings.webhook_allow_private). deliver_webhooks=False: the
+    caller delivers them elsewhere (the scheduler's own sender thread, worker.webhooks.WebhookSender)."""
     now = now or utcnow()
     out: dict[str, list] = {"fired": [], "evaluated": [], "deliveries": []}
-    phases = (
+    phases: list[tuple[str, Callable[[], list[Any]]]] = [
         ("fired", lambda: fire_due_suites(session_factory, celery, clusters, now)),
         ("evaluated", lambda: evaluate_finished(session_factory, now)),
-        ("deliveries", lambda: webhooks.deliver_due(session_factory, now, allow_private=webhook_allow_private)),
-    )
+    ]
+    if deliver_webhooks:
+        phases.append(
+            ("deliveries", lambda: webhooks.deliver_due(session_factory, now, allow_private=webhook_allow_private))
+        )
     for name, phase in phases:
         try:
             out[name] = phase()

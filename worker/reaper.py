@@ -84,11 +84,14 @@ def recover_finished_runs(rt: Runtime) -> list[int]:
         if result is None:
             continue
         tail, size = read_log_tail(run_dir, db.runs.LOG_STORE_MAX_BYTES)
-        ship_traces(rt, run.id, run_dir)
+        lease = run.lease_id  # recorded under the lease it was read with: a run claimed again meanwhile is not
+        if ship_traces(rt, run.id, run_dir, lease) is None:
+            continue
 
-        def record(s: Session, r: RunResult = result, i: int = run.id, t: bytes = tail, n: int = size) -> bool:
-            db.runs.store_log(s, i, t, n, final=True)
-            return db.runs.record_result(s, i, r)
+        def record(
+            s: Session, r: RunResult = result, i: int = run.id, t: bytes = tail, n: int = size, k: int = lease
+        ) -> bool:
+            return db.runs.store_log(s, i, t, n, final=True, lease_id=k) and db.runs.record_result(s, i, r, lease_id=k)
 
         if with_db(rt, record, f"recover run {run.id}"):
             log.warning("run %d: recorded from %s (its worker was gone)", run.id, run_dir / "result.json")
@@ -101,12 +104,13 @@ def requeue_detached_runs(rt: Runtime, now: datetime | None = None) -> list[int]
     now = now or utcnow()
     run_ids = []
     expired = with_db(rt, lambda s: db.runs.expired_active_runs(s, now), "reap: expired runs")
-    for run_id, cluster_name, run_dir, created_at, attempts in expired:
+    for run_id, cluster_name, run_dir, created_at, attempts, lease_id in expired:
         cluster = rt.clusters.get(cluster_name)
         if cluster is None or cluster.launcher != "slurm":
             continue
         try:
-            handle = find_slurm_job(rt, cluster, run_id, run_dir or rt.run_dir(cluster, run_id), created_at, attempts)
+            run_dir = run_dir or rt.run_dir(cluster, run_id, lease_id)
+            handle = find_slurm_job(rt, cluster, run_id, run_dir, created_at, attempts)
         except RuntimeError as exc:  # Slurm cannot be asked from here: the lease is reaped as usual, and the
             # next worker's claim still looks the job up by its name before it would submit one
             log.warning("run %d: could not ask Slurm for its job (%s)", run_id, exc)
@@ -118,12 +122,10 @@ def requeue_detached_runs(rt: Runtime, now: datetime | None = None) -> list[int]
     return with_db(rt, lambda s: db.runs.requeue_detached(s, run_ids, now), "reap: requeue detached runs")
 
 
-def _end_leftovers(rt: Runtime, run_ids: list[int]) -> None:
-    """Processes of reaped runs still alive on this host are ended (the run was given up or requeued)."""
-    if not run_ids:
-        return
-    dirs = with_db(rt, lambda s: db.runs.run_dirs(s, run_ids), "reap: run dirs")
-    for run_id, run_dir in dirs:
+def _end_leftovers(rt: Runtime, run_dirs: dict[int, str | None]) -> None:
+    """Processes of reaped runs still alive on this host are ended (the run was given up or requeued): those
+    of the reaped attempt's directory only (read in the reaping UPDATE), never a retry's claimed since."""
+    for run_id, run_dir in run_dirs.items():
         if not run_dir or not Path(run_dir).is_dir():
             continue
         handle = LaunchHandle.load(run_dir)
@@ -157,6 +159,6 @@ def reap_once(rt: Runtime) -> dict[str, list[int]]:
     recovered = recover_finished_runs(rt)
     detached = requeue_detached_runs(rt)
     max_attempts = rt.settings.max_infra_retries + 1
-    requeued, failed = with_db(rt, lambda s: db.runs.reap_expired(s, max_attempts=max_attempts), "reap leases")
-    _end_leftovers(rt, requeued + failed)
-    return {"recovered": recovered, "reattach": detached, "requeued": requeued, "failed": failed}
+    reaped = with_db(rt, lambda s: db.runs.reap_expired_runs(s, max_attempts=max_attempts), "reap leases")
+    _end_leftovers(rt, reaped.run_dirs)
+    return {"recovered": recovered, "reattach": detached, "requeued": reaped.requeued, "failed": reaped.failed}

@@ -53,10 +53,12 @@ class Runtime:
 
         return LocalLauncher(cluster)
 
-    def run_dir(self, cluster: Cluster, run_id: int) -> Path:
-        """Where a run's files live: the cluster's shared directory for Slurm, else the local runs dir."""
+    def run_dir(self, cluster: Cluster, run_id: int, lease_id: int) -> Path:
+        """Where the files of one claim of a run live: the cluster's shared directory for Slurm, else the local
+        runs dir, then run-N/lease-K. One directory per claim, so that a sweep of one attempt (processes
+        whose argv names its spec.json) never matches another attempt's processes."""
         base = Path(cluster.slurm.shared_dir) if cluster.slurm and cluster.slurm.shared_dir else self.settings.runs_dir
-        return (base / f"run-{run_id}").resolve()
+        return (base / f"run-{run_id}" / f"lease-{lease_id}").resolve()
 
 
 _RUNTIMES: dict[int, Runtime] = {}

@@ -17,6 +17,12 @@ POST the same attempt. A webhook disabled meanwhile ends the delivery as failed 
 Every attempt resolves the URL's host, checks every address and connects to the checked one
 (core.contracts.webhook_targets.pin: public addresses only unless SCALEBENCH_WEBHOOK_ALLOW_PRIVATE=1; no proxy from
 the environment, no redirects followed).
+
+A receiver cannot hold up anything else: deliveries run on their own thread of the scheduler (WebhookSender),
+never on the loop that reaps leases, publishes runs and fires suites; a pass attempts at most MAX_CONCURRENT
+deliveries at once, starts none after PASS_BUDGET_S, and a receiver (host) that timed out or refused gets no
+attempt for a back-off that doubles from RECEIVER_BACKOFF_S to RECEIVER_BACKOFF_MAX_S (its deliveries stay
+pending, their attempt count unspent) until one attempt there succeeds.
 """
 
 from __future__ import annotations
@@ -25,8 +31,12 @@ import hashlib
 import hmac
 import json
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -46,6 +56,11 @@ MAX_DELAY_S = 3600.0
 TIMEOUT_S = 10.0
 CLAIM_LEASE_S = 120.0  # a sender that died mid-attempt leaves the row to be retried after this
 MAX_ERROR_CHARS = 200  # a status line, not a body: the log is no window into what answered
+MAX_CONCURRENT = 4  # deliveries in flight at once, per sender
+PASS_BUDGET_S = 30.0  # a pass starts no delivery after this; those left stay due for the next pass
+RECEIVER_BACKOFF_S = 30.0  # a receiver that timed out or refused is left alone this long (doubling) ...
+RECEIVER_BACKOFF_MAX_S = 900.0  # ... up to this
+SENDER_INTERVAL_S = 5.0
 SIGNATURE_HEADER = "X-Scalebench-Signature"
 TIMESTAMP_HEADER = "X-Scalebench-Timestamp"
 
@@ -168,6 +183,37 @@ def attempt_delivery(
     return AttemptOutcome(delivery_id, attempt, status_code, error, delivered, gave_up)
 
 
+@dataclass
+class ReceiverBackoff:
+    """Receivers (URL hosts) that timed out or refused, left alone until a time that doubles per failure."""
+
+    base_s: float = RECEIVER_BACKOFF_S
+    max_s: float = RECEIVER_BACKOFF_MAX_S
+    clock: Callable[[], float] = time.monotonic
+    _until: dict[str, tuple[float, float]] = field(default_factory=dict)  # host -> (until, last delay)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def waiting(self, host: str) -> bool:
+        with self._lock:
+            entry = self._until.get(host)
+            return entry is not None and self.clock() < entry[0]
+
+    def failed(self, host: str) -> None:
+        with self._lock:
+            last = self._until.get(host, (0.0, 0.0))[1]
+            delay = min(self.max_s, last * 2 if last else self.base_s)
+            self._until[host] = (self.clock() + delay, delay)
+
+    def succeeded(self, host: str) -> None:
+        with self._lock:
+            self._until.pop(host, None)
+
+
+def _receiver_failed(outcome: AttemptOutcome) -> bool:
+    """No answer at all (timeout, refused connection, a refused target): the receiver, not the request."""
+    return outcome.status_code is None and outcome.error is not None and outcome.error != "webhook disabled"
+
+
 def deliver_due(
     session_factory: sessionmaker[Session],
     now: datetime | None = None,
@@ -176,24 +222,106 @@ def deliver_due(
     *,
     allow_private: bool = False,
     resolve: Resolver = system_resolve,
+    max_concurrent: int = MAX_CONCURRENT,
+    budget_s: float = PASS_BUDGET_S,
+    backoff: ReceiverBackoff | None = None,
 ) -> list[AttemptOutcome]:
-    """One pass: attempt every delivery due at `now`. allow_private: the operator allows receivers on private
-    networks (SCALEBENCH_WEBHOOK_ALLOW_PRIVATE); resolve: host -> addresses (the system resolver)."""
+    """One pass: attempt the deliveries due at `now`, at most `max_concurrent` at once and one at a time per
+    receiver (receivers taken in turn), starting none after `budget_s`, none to a receiver in back-off (a
+    receiver that times out or refuses in this pass gets no further attempt in it).
+    allow_private: the operator allows receivers on private networks (SCALEBENCH_WEBHOOK_ALLOW_PRIVATE);
+    resolve: host -> addresses (the system resolver)."""
     now = now or utcnow()
     with session_factory() as s:
         due = db.webhooks.due_deliveries(s, now)
+        hosts = db.webhooks.delivery_hosts(s, [i for i, _ in due])
     if not due:
         return []
+    backoff = backoff if backoff is not None else ReceiverBackoff()
+    deadline = time.monotonic() + budget_s
     own = client is None
     client = client or make_client()
+    outcomes: list[AttemptOutcome] = []
+    running: dict[Future, str] = {}
+
+    def collect(done: set[Future]) -> None:
+        for future in done:
+            host = running.pop(future)
+            outcome = future.result()
+            if outcome is None:
+                continue
+            outcomes.append(outcome)
+            if _receiver_failed(outcome):
+                backoff.failed(host)
+            elif outcome.delivered:
+                backoff.succeeded(host)
+
+    by_host: dict[str, deque[tuple[int, datetime]]] = {}
+    for delivery_id, seen in due:  # each receiver's deliveries in due order; receivers taken in turn
+        by_host.setdefault(hosts.get(delivery_id, ""), deque()).append((delivery_id, seen))
     try:
-        outcomes = [
-            attempt_delivery(
-                session_factory, client, i, seen, now, max_attempts, allow_private=allow_private, resolve=resolve
-            )
-            for i, seen in due
-        ]
+        with ThreadPoolExecutor(max_workers=max(1, max_concurrent), thread_name_prefix="webhook") as pool:
+            while True:
+                if time.monotonic() >= deadline:
+                    if any(by_host.values()):
+                        log.warning(
+                            "webhooks: pass budget of %.0f s spent; the rest stay due for the next pass", budget_s
+                        )
+                    break
+                for host in list(by_host):
+                    if len(running) >= max_concurrent:
+                        break
+                    if host in running.values():
+                        continue  # one attempt at a time per receiver
+                    if not by_host[host] or backoff.waiting(host):
+                        del by_host[host]  # done, or in back-off: its deliveries stay due, attempts unspent
+                        continue
+                    delivery_id, seen = by_host[host].popleft()
+                    future = pool.submit(
+                        attempt_delivery,
+                        session_factory,
+                        client,
+                        delivery_id,
+                        seen,
+                        now,
+                        max_attempts,
+                        allow_private=allow_private,
+                        resolve=resolve,
+                    )
+                    running[future] = host
+                if not running:
+                    break
+                collect(wait(running, return_when=FIRST_COMPLETED).done)
+            while running:
+                collect(wait(running, return_when=FIRST_COMPLETED).done)
     finally:
         if own:
             client.close()
-    return [o for o in outcomes if o is not None]
+    return outcomes
+
+
+class WebhookSender:
+    """The scheduler's delivery thread: a deliver_due pass every `interval_s`, off the scheduler's loop, with one
+    ReceiverBackoff kept across passes."""
+
+    def __init__(
+        self, session_factory: sessionmaker[Session], *, allow_private: bool, interval_s: float = SENDER_INTERVAL_S
+    ) -> None:
+        self.session_factory, self.allow_private, self.interval_s = session_factory, allow_private, interval_s
+        self.backoff = ReceiverBackoff()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="webhook-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                deliver_due(self.session_factory, allow_private=self.allow_private, backoff=self.backoff)
+            except Exception:  # noqa: BLE001 - logged; the next pass retries
+                log.exception("webhook delivery pass failed")
+            self._stop.wait(self.interval_s)

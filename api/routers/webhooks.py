@@ -56,7 +56,7 @@ def _problem(exc: db.webhooks.WebhookError) -> ProblemError:
     summary="Register a webhook (the secret is returned once)",
 )
 def create_webhook(
-    body: WebhookCreate, session: SessionDep, settings: SettingsDep, _auth: WriteAuth, response: Response
+    body: WebhookCreate, session: SessionDep, settings: SettingsDep, token: WriteAuth, response: Response
 ) -> Any:
     try:
         hook = db.webhooks.create_webhook(
@@ -67,6 +67,7 @@ def create_webhook(
             enabled=body.enabled,
             allow_private=settings.webhook_allow_private,
             resolve=system_resolve,
+            token_id=token.id,
         )
     except db.webhooks.WebhookError as exc:
         raise _problem(exc) from exc

@@ -108,6 +108,8 @@ class Run(Base):
     status: Mapped[str] = mapped_column(sa.String(16), default="queued")
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     attempts: Mapped[int] = mapped_column(default=0)
+    # +1 at every claim (re-attaching ones too): the fence a worker names in each write about the run
+    lease_id: Mapped[int] = mapped_column(default=0, server_default="0")
     worker: Mapped[str | None] = mapped_column(sa.String(200))
     host: Mapped[str | None] = mapped_column(sa.String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -30,6 +30,8 @@ class Webhook(Base):
     events: Mapped[list[Any]] = mapped_column(default=list)
     enabled: Mapped[bool] = mapped_column(default=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # the token that created it (its webhooks are capped); no foreign key: a revoked token's webhooks stay
+    token_id: Mapped[int | None] = mapped_column(index=True)
 
 
 class WebhookDelivery(Base):

@@ -30,7 +30,7 @@ def test_claim_is_conditional_and_counts_attempts(factory):
 def test_concurrent_claims_have_one_winner(pg_session_factory):
     with session_scope(pg_session_factory) as s:
         _, ids = add_experiment(s)
-    wins: list[bool] = []
+    wins: list[int | None] = []
     barrier = threading.Barrier(8)
 
     def claim(i: int) -> None:
@@ -43,7 +43,7 @@ def test_concurrent_claims_have_one_winner(pg_session_factory):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(wins) == [False] * 7 + [True]
+    assert sorted(wins, key=lambda w: w or 0) == [None] * 7 + [1]  # one winner, given lease 1
 
 
 def test_heartbeat_extends_lease_and_reports_cancel(factory):
@@ -180,3 +180,46 @@ def test_a_run_never_published_is_not_taken_by_another_message(factory):
     with session_scope(factory) as s:
         assert ids[0] not in db.runs.claim_candidates(s, ids[1])  # its publisher is sending its message
         assert db.runs.claim_candidates(s, ids[0])[0] == ids[0]  # ... which starts it
+
+
+def test_a_stale_lease_is_refused_every_write_once_the_run_moved_on(factory):
+    """Fencing: lease 1 was reaped (its worker paused past the lease) and the run claimed again as lease 2;
+    every write naming lease 1 is refused and changes nothing, the same writes under lease 2 are taken."""
+    with session_scope(factory) as s:
+        _, ids = add_experiment(s)
+    run_id = ids[0]
+    with session_scope(factory) as s:
+        assert db.runs.claim_run(s, run_id, "w1", "h", lease_s=5) == 1
+        assert db.runs.update_launch(s, run_id, run_dir="/runs/run-1/lease-1", lease_id=1)
+        assert db.runs.store_log(s, run_id, b"attempt 1\n", 10, lease_id=1)
+    with session_scope(factory) as s:
+        reaped = db.runs.reap_expired_runs(s, now=utcnow() + timedelta(seconds=60))
+        assert reaped.requeued == [run_id] and reaped.run_dirs == {run_id: "/runs/run-1/lease-1"}
+    with session_scope(factory) as s:
+        assert db.runs.claim_run(s, run_id, "w1", "h", lease_s=60) == 2  # the same worker name: the lease tells
+        assert db.runs.update_launch(s, run_id, run_dir="/runs/run-1/lease-2", lease_id=2)
+    stale, current = 1, 2
+    with session_scope(factory) as s:
+        assert not db.runs.heartbeat(s, run_id, 60, "w1", lease_id=stale).owned
+        assert not db.runs.update_launch(s, run_id, run_dir="/runs/run-1/lease-1", lease_id=stale)
+        assert not db.runs.update_launch(s, run_id, status="pending", lease_id=stale)
+        assert not db.runs.store_log(s, run_id, b"stale\n", 6, final=True, lease_id=stale)
+        assert not db.runs.store_trace(s, run_id, 0, b"\x1f\x8b", lease_id=stale)
+        assert not db.runs.record_result(s, run_id, failed_result(), lease_id=stale)
+        assert not db.runs.requeue_for_retry(s, run_id, "node lost", lease_id=stale)
+        assert not db.runs.requeue_interrupted(s, run_id, "w1", "stopping", refund_attempt=True, lease_id=stale)
+        assert not db.runs.mark_cancelled(s, run_id, lease_id=stale)
+        assert not db.runs.mark_failed(s, run_id, "infrastructure", "x", lease_id=stale)
+    with session_scope(factory) as s:
+        run = db.runs.get_run(s, run_id)
+        assert (run.status, run.lease_id, run.attempts, run.run_dir) == ("running", 2, 2, "/runs/run-1/lease-2")
+        assert db.runs.get_log(s, run_id).text == "attempt 1\n" and not db.runs.trace_ranks(s, run_id)
+    with session_scope(factory) as s:
+        assert db.runs.heartbeat(s, run_id, 60, "w1", lease_id=current).owned
+        assert db.runs.store_log(s, run_id, b"attempt 2\n", 10, final=True, lease_id=current)
+        assert db.runs.record_result(s, run_id, succeeded_result(), lease_id=current)
+    with session_scope(factory) as s:
+        run = db.runs.get_run(s, run_id)
+        assert run.status == "succeeded" and db.runs.get_log(s, run_id).text == "attempt 2\n"
+        # ended: even the lease that finished it writes nothing more
+        assert not db.runs.store_log(s, run_id, b"late\n", 5, final=True, lease_id=current)

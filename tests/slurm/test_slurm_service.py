@@ -137,13 +137,20 @@ class Service:
             raise AssertionError(f"{exc}\n{self.diagnostics(run_id)}") from None
 
     def diagnostics(self, run_id: int) -> str:
-        log = self.tmp / "runs" / f"run-{run_id}" / "log.txt"
+        dirs = self.run_dirs(run_id)
+        log = dirs[-1] / "log.txt" if dirs else self.tmp / "runs" / f"run-{run_id}" / "log.txt"
         parts = [f"run: {self.run(run_id)}", f"job log: {log.read_text()[-2000:] if log.exists() else '(none)'}"]
         parts += [f"{w.log_path.name}: {w.log()[-3000:]}" for w in self.workers]
         return "\n".join(parts)
 
+    def run_dirs(self, run_id: int) -> list[Path]:
+        """The run's directories, one per claim that launched it (run-N/lease-K), oldest first."""
+        found = (self.tmp / "runs" / f"run-{run_id}").glob("lease-*")
+        return sorted((p for p in found if p.name[6:].isdigit()), key=lambda p: int(p.name[6:]))
+
     def run_dir(self, run_id: int) -> Path:
-        return self.tmp / "runs" / f"run-{run_id}"
+        """The directory of the run's newest launch (a re-attaching claim keeps it)."""
+        return self.run_dirs(run_id)[-1]
 
     def jobs(self) -> dict[str, dict[str, str]]:
         """Jobs the controller knows (MinJobAge keeps finished ones) that run in this test's run dirs."""

@@ -60,6 +60,7 @@ class Cell:
     settings: Settings
     env: dict[str, str]
     session_factory: sessionmaker[Session]
+    token: str | None = None  # an API token of the cell's own database (SQLite cells), else the shared one
 
     def run(self, run_id: int) -> Run:
         with self.session_factory() as s:
@@ -67,12 +68,23 @@ class Cell:
             assert run is not None
             return run
 
-    def run_dir(self, run_id: int) -> Path:
-        return self.settings.runs_dir / f"run-{run_id}"
+    def run_dirs(self, run_id: int) -> list[Path]:
+        """The run's directories, one per claim that launched it (run-N/lease-K), oldest first."""
+        found = (self.settings.runs_dir / f"run-{run_id}").glob("lease-*")
+        return sorted((p for p in found if p.name[6:].isdigit()), key=lambda p: int(p.name[6:]))
 
-    def run_pids(self, run_id: int) -> list[int]:
-        """Live torchrun/runner processes of a run (their command line names its spec.json)."""
-        return procs.pids_with_arg(str(self.run_dir(run_id) / "spec.json"))
+    def run_dir(self, run_id: int, attempt: int | None = None) -> Path:
+        """The directory of the run's `attempt`-th launch (1-based), by default the newest one."""
+        dirs = self.run_dirs(run_id)
+        assert dirs, f"run {run_id} has no run directory yet"
+        return dirs[-1] if attempt is None else dirs[attempt - 1]
+
+    def run_pids(self, run_id: int, attempt: int | None = None) -> list[int]:
+        """Live torchrun/runner processes of a run (their command line names a spec.json of it): of one
+        attempt's directory, or of any."""
+        if attempt is not None:
+            return procs.pids_with_arg(str(self.run_dir(run_id, attempt) / "spec.json"))
+        return procs.pids_with_arg_like(str(self.settings.runs_dir / f"run-{run_id}") + "/", "/spec.json")
 
     def wait_status(self, run_id: int, statuses: tuple[str, ...], timeout_s: float = 120) -> Run:
         return wait_until(
@@ -80,23 +92,33 @@ class Cell:
         )
 
     def wait_steps(self, run_id: int, min_step: int = 1, attempt: int = 1, timeout_s: float = 120) -> None:
-        """Until attempt `attempt` logged a training step (torch imported, model built: really running).
-
-        log.txt is appended across attempts; each launch starts with one "[scalebench] ... starting" line.
-        """
-        log = self.run_dir(run_id) / "log.txt"
+        """Until attempt `attempt` (its launch's own directory) logged a training step (torch imported, model
+        built: really running)."""
 
         def stepped() -> bool:
-            launches = (log.read_text(errors="replace") if log.is_file() else "").split("[scalebench]")[1:]
-            if len(launches) < attempt:
-                return False
-            return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", launches[attempt - 1]))
+            dirs = self.run_dirs(run_id)
+            log = dirs[attempt - 1] / "log.txt" if len(dirs) >= attempt else None
+            text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
+            return any(int(n) >= min_step for n in re.findall(r"step (\d+)/\d+", text))
 
         wait_until(stepped, timeout_s, f"run {run_id} attempt {attempt} to log step {min_step}")
 
 
 @pytest.fixture
-def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Cell:
+def cell(request, tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_client) -> Iterator[Cell]:
+    """A cell on PostgreSQL; `@pytest.mark.parametrize("cell", ["postgres", "sqlite"], indirect=True)` runs a test
+    on both databases (SQLite: a fresh migrated file that the API, the workers and the scheduler share)."""
+    database = getattr(request, "param", "postgres")
+    engine = token = None
+    if database == "sqlite":
+        from db.session import make_engine, make_session_factory, session_scope
+        from db.tokens import create_token
+
+        pg_url = request.getfixturevalue("sqlite_url")
+        engine = make_engine(pg_url)
+        pg_session_factory = make_session_factory(engine)
+        with session_scope(pg_session_factory) as session:
+            token, _ = create_token(session, "tests")
     name = f"t-{uuid.uuid4().hex[:8]}"
     clusters = tmp_path / "clusters.toml"
     clusters.write_text(
@@ -125,7 +147,9 @@ def cell(tmp_path: Path, pg_url: str, redis_url: str, pg_session_factory, redis_
         SCALEBENCH_MAX_INFRA_RETRIES="1",
         PYTHONUNBUFFERED="1",
     )
-    return Cell(name, tmp_path, settings, env, pg_session_factory)
+    yield Cell(name, tmp_path, settings, env, pg_session_factory, token)
+    if engine is not None:
+        engine.dispose()
 
 
 @dataclass
@@ -217,7 +241,10 @@ def _names(pid: int, tmp: Path) -> bool:
 @pytest.fixture
 def api(make_client, cell: Cell):
     """A TestClient of the real app on the cell's settings (shares the test database and Redis)."""
-    return make_client(settings=cell.settings)
+    client = make_client(settings=cell.settings)
+    if cell.token is not None:
+        client.headers["Authorization"] = f"Bearer {cell.token}"
+    return client
 
 
 def submit(api, cell: Cell, **spec: Any) -> tuple[int, list[int]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from db.runs import get_log
 from tests.worker.conftest import LONG, TINY, run_reaper_once, submit, wait_until
 from tests.worker.tcp_proxy import TcpProxy
 from worker.launchers.base import LaunchHandle
@@ -56,6 +57,9 @@ def test_cancel_ends_the_torchrun_group_within_10s(cell, api, start_worker) -> N
     assert time.monotonic() - t0 < 10
     run = cell.run(run_id)
     assert run.error_kind == "cancelled" and run.finished_at is not None
+    with cell.session_factory() as s:  # shipped before the run was recorded cancelled (the lease fences after)
+        stored = get_log(s, run_id)
+        assert stored is not None and stored.final and "step" in stored.text
 
 
 def test_infrastructure_failure_is_retried_a_bounded_number_of_times(cell, api, start_worker) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,7 @@ import pytest
 
 from db.models import WebhookDelivery
 from db.webhooks import create_webhook, enqueue_event
-from worker.webhooks import BASE_DELAY_S, deliver_due
+from worker.webhooks import BASE_DELAY_S, ReceiverBackoff, deliver_due
 
 SECRET = "s3cret-for-the-test-receiver"
 NOW = datetime(2026, 12, 3, 2, 30, tzinfo=UTC)
@@ -143,3 +144,34 @@ def test_unreachable_receiver_is_an_error_not_a_crash(pg_session_factory):
     assert not o.delivered and o.status_code is None and "ConnectError" in o.error
     with pg_session_factory() as s:
         assert s.get(WebhookDelivery, delivery_id).next_attempt_at == NOW + timedelta(seconds=BASE_DELAY_S)
+
+
+def test_one_at_a_time_per_receiver_and_a_refusing_receiver_backs_off(pg_session_factory, receiver_factory):
+    """One pass delivers every due delivery of a healthy receiver (one at a time) and makes one attempt at a
+    receiver that refuses connections; the shared back-off then keeps later passes away from it until it ends."""
+    good = receiver_factory([])
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        dead_url = f"http://127.0.0.1:{probe.getsockname()[1]}/x".replace("127.0.0.1", "localhost")
+    with pg_session_factory() as s:
+        create_webhook(s, good.url, secret=SECRET, events=["regression.confirmed"], allow_private=True)
+        create_webhook(s, dead_url, secret=SECRET, events=["regression.confirmed"], allow_private=True)
+        for _ in range(5):
+            enqueue_event(s, "regression.confirmed", {"event": "regression.confirmed"}, now=NOW)
+        s.commit()
+    clock = [0.0]
+    backoff = ReceiverBackoff(base_s=60.0, clock=lambda: clock[0])
+    outcomes = deliver_due(pg_session_factory, NOW, allow_private=True, backoff=backoff)
+    delivered = [o for o in outcomes if o.delivered]
+    refused = [o for o in outcomes if not o.delivered]
+    assert len(delivered) == 5 and len(good.requests) == 5
+    assert len(refused) == 1 and refused[0].error == "ConnectError"  # one attempt, then the receiver backs off
+    later = NOW + timedelta(seconds=BASE_DELAY_S)  # the refused delivery is due again, the others all along
+    assert deliver_due(pg_session_factory, later, allow_private=True, backoff=backoff) == []
+    with pg_session_factory() as s:
+        attempts = sorted(d.attempt for d in s.query(WebhookDelivery).all() if d.status == "pending")
+    assert attempts == [0, 0, 0, 0, 1]  # held back by the back-off: no attempt spent
+    clock[0] += 61.0
+    again = deliver_due(pg_session_factory, later, allow_private=True, backoff=backoff)
+    assert [o.error for o in again] == ["ConnectError"]  # back-off over: one attempt again, doubled next time
+    assert backoff.waiting("localhost") and not backoff.waiting("127.0.0.1")
