@@ -4,8 +4,8 @@ The loss verdict and time to the same loss read a compact digest of each run's c
 training loss in at most 64 bins, held-out loss point by point) instead of every stored curve on each read.
 Rows stored before this revision keep NULL: the readers digest them from the stored curve when they need them.
 
-Revision ID: 0010_curve_digests
-Revises: 0009_hardening
+Revision ID: 0012_curve_digests
+Revises: 0011_webhook_token
 Create Date: 2026-12-04 17:00:00
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010_curve_digests"
-down_revision: str | Sequence[str] | None = "0009_hardening"
+revision: str = "0012_curve_digests"
+down_revision: str | Sequence[str] | None = "0011_webhook_token"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
