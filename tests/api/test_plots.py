@@ -36,9 +36,9 @@ def _png_size(data: bytes) -> tuple[int, int]:
 def test_png_is_valid_and_fast():
     report = _report()
     render_scaling_png(report)  # first call pays for font caches
-    t0 = time.process_time()  # CPU time: the 2-core test machine is shared with other test processes
+    t0 = time.thread_time()  # this thread's CPU time: other test processes and threads share the 2 cores
     data = render_scaling_png(report, title="llama3-8b on h200")
-    assert time.process_time() - t0 < 1.0  # measured 0.23 s
+    assert time.thread_time() - t0 < 1.0  # measured 0.23 s
     assert len(data) > 30_000  # three panels of lines and text, not an empty canvas
     width, height = _png_size(data)
     assert (width, height) == (1500, 480)

@@ -336,11 +336,12 @@ def test_a_cold_report_reads_digests_only_for_pairs_it_has_not_seen(pg_session_f
 
 
 def test_imported_curves_get_a_verdict_and_an_effective_speedup(factory) -> None:
-    """Imports store their curves as step records, not as stored curves: the digests are made from the steps."""
+    """Runs whose curves exist only as step records (imports stored before imports kept a stored curve) get
+    their digests from the steps."""
     import math
 
     from core.contracts.clusters import LOCAL_CPU
-    from db.imports import insert_steps, step_chunks
+    from db.imports import ImportedSteps, insert_steps, step_chunks
 
     spec = make_spec(precisions=["bf16", "fp8-tensorwise"], gpu_counts=[4])
     runs, _ = expand(spec, LOCAL_CPU)
@@ -357,7 +358,10 @@ def test_imported_curves_get_a_verdict_and_an_effective_speedup(factory) -> None
         results = [imported(r) for r in runs]
         exp, run_ids = record_imported(s, spec, runs, results)
         store_results(s, list(zip(run_ids, results)))
-        for chunk in step_chunks(run_ids, results):
+        steps = [
+            ImportedSteps(rows=[(i, v, None, 0, False) for i, v in enumerate(r.numerics.loss_curve)]) for r in results
+        ]
+        for chunk in step_chunks(run_ids, steps):
             insert_steps(s, chunk)
         exp_id = exp.id
     with factory() as s:
