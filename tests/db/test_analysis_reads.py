@@ -340,7 +340,7 @@ def test_imported_curves_get_a_verdict_and_an_effective_speedup(factory) -> None
     import math
 
     from core.contracts.clusters import LOCAL_CPU
-    from db.imports import insert_steps, step_chunks
+    from db.imports import ImportedSteps, insert_steps, step_chunks
 
     spec = make_spec(precisions=["bf16", "fp8-tensorwise"], gpu_counts=[4])
     runs, _ = expand(spec, LOCAL_CPU)
@@ -357,7 +357,12 @@ def test_imported_curves_get_a_verdict_and_an_effective_speedup(factory) -> None
         results = [imported(r) for r in runs]
         exp, run_ids = record_imported(s, spec, runs, results)
         store_results(s, list(zip(run_ids, results)))
-        for chunk in step_chunks(run_ids, results):
+        # an import's loss curve becomes its step records: step i has loss curve[i]
+        steps = [
+            ImportedSteps(rows=[(i, loss, None, 0, False) for i, loss in enumerate(r.numerics.loss_curve)])
+            for r in results
+        ]
+        for chunk in step_chunks(run_ids, steps):
             insert_steps(s, chunk)
         exp_id = exp.id
     with factory() as s:
