@@ -671,7 +671,7 @@ def load_run_losses(session: Session, experiment_id: int) -> dict[str, RunLosses
     return load_run_losses_many(session, [experiment_id])[experiment_id]
 
 
-def _digests_select() -> sa.Select:
+def _digests_select() -> sa.Select[*tuple[Any, ...]]:
     """Every named succeeded run with a stored curve, and the digest of the first (lowest id) of each seed of each
     point only: the verdict and time to loss compare one run per seed (core.analysis.numerics.first_by_seed), so
     a point of 100 repeats sends one digest per seed, not 100."""
@@ -738,7 +738,7 @@ def _digests_from_steps(session: Session, run_ids: list[int]) -> dict[str, Curve
     ).all()
     if not runs:
         return {}
-    points: dict[int, list[tuple[int, float]]] = {}
+    points: dict[int, list[tuple[int, float | None]]] = {}  # loss as its column types it (the query skips NULLs)
     stmt = (
         sa.select(StepMetric.run_id, StepMetric.step, StepMetric.loss)
         .where(StepMetric.run_id.in_([r[0] for r in runs]), StepMetric.loss.is_not(None))

@@ -20,9 +20,9 @@ import functools
 import io
 import math
 import statistics
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -254,7 +254,7 @@ def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> P
     ok = [r for r in succeeded if _usable_throughput(r)]
     num_invalid = len(succeeded) - len(ok)  # counted as failed: nothing usable was measured
     num_failed = sum(r.status == "failed" for r in runs) + num_invalid
-    xs = [r.tokens_per_sec for r in ok]
+    xs = [r.tokens_per_sec for r in ok if r.tokens_per_sec is not None]
     return PointRuns(
         key=key,
         num_devices=num_devices,
@@ -278,7 +278,7 @@ def _point_runs(key: SeriesKey, num_devices: int, runs: Sequence[RunPoint]) -> P
 def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
     """One PointRuns per (series, N), series in order of their first run, N in order of first appearance."""
     groups: dict[tuple[SeriesKey, int], list[RunPoint]] = {}
-    keys: dict[tuple, SeriesKey] = {}
+    keys: dict[tuple[str, str, int, str, str, str, str], SeriesKey] = {}
     for r in runs:
         raw = (r.engine, r.model, r.num_layers, r.precision, r.layout, r.scaling, r.cluster)
         key = keys.get(raw) or keys.setdefault(raw, _key(r))
@@ -286,7 +286,7 @@ def aggregate_points(runs: Iterable[RunPoint]) -> list[PointRuns]:
     return [_point_runs(key, n, rs) for (key, n), rs in groups.items()]
 
 
-def _point(p: PointRuns, noisy_spread: float) -> dict:
+def _point(p: PointRuns, noisy_spread: float) -> dict[str, Any]:
     """The fields of a ScalingPoint (efficiency and fp8 speedup are added by the series)."""
     base = dict(
         num_devices=p.num_devices,
@@ -300,8 +300,10 @@ def _point(p: PointRuns, noisy_spread: float) -> dict:
     if not p.num_succeeded:
         status: PointStatus = "failed" if p.num_failed and not p.num_pending else "pending"
         return dict(status=status, flags=[status] + invalid + imported, **base)
-    x = p.tokens_per_sec
-    spread = _finite((p.tokens_per_sec_max - p.tokens_per_sec_min) / x) if x > 0 else None
+    x, x_min, x_max = p.tokens_per_sec, p.tokens_per_sec_min, p.tokens_per_sec_max
+    # a succeeded run counts only with a usable throughput, so the point has its median, min and max
+    assert x is not None and x_min is not None and x_max is not None
+    spread = _finite((x_max - x_min) / x) if x > 0 else None
     flags = ["noisy"] if spread is not None and spread > noisy_spread else []
     flags += ["some_failed"] if p.num_failed else []
     flags += ["pending"] if p.num_pending else []
@@ -332,10 +334,11 @@ def _layout_fits(layout: str, num_devices: int) -> bool:
 
 def _points(
     by_n: Mapping[int, PointRuns], layout: str, all_counts: Sequence[int], noisy_spread: float
-) -> tuple[list[dict], list[int]]:
+) -> tuple[list[dict[str, Any]], list[int]]:
     """Points of one series (as ScalingPoint fields), with missing ones for counts measured elsewhere; also
     the counts the layout cannot use."""
-    points, impossible = [], []
+    points: list[dict[str, Any]] = []
+    impossible: list[int] = []
     for n in all_counts:
         if n in by_n:
             points.append(_point(by_n[n], noisy_spread))
@@ -346,7 +349,7 @@ def _points(
     return points, impossible
 
 
-def _with_efficiency(points: list[dict], baseline_n: int | None) -> tuple[int | None, list[str]]:
+def _with_efficiency(points: list[dict[str, Any]], baseline_n: int | None) -> tuple[int | None, list[str]]:
     """E(N) = X(N) / (X(N0) * N / N0), set on the points. An asked-for N0 that this series did not measure
     gives no E, and says so."""
     measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
@@ -365,7 +368,9 @@ def _with_efficiency(points: list[dict], baseline_n: int | None) -> tuple[int | 
 # -------------------------------------------------------------------------------------------- fits
 
 
-def _prediction(predict, num_devices: int | None, measured: Mapping[int, float], n0: int | None) -> Prediction | None:
+def _prediction(
+    predict: Callable[[float], float], num_devices: int | None, measured: Mapping[int, float], n0: int | None
+) -> Prediction | None:
     """X and E predicted at `num_devices`; None without a size, or where X leaves the float range."""
     if num_devices is None:
         return None
@@ -374,7 +379,8 @@ def _prediction(predict, num_devices: int | None, measured: Mapping[int, float],
         return None
     lo, hi = min(measured), max(measured)
     extrapolated = not lo <= num_devices <= hi
-    eff = _finite((x / measured[n0]) * (n0 / num_devices)) if n0 in measured else None  # ratio first: no overflow
+    # ratio first: no overflow
+    eff = _finite((x / measured[n0]) * (n0 / num_devices)) if n0 is not None and n0 in measured else None
     note = (
         f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}"
         if extrapolated
@@ -468,11 +474,11 @@ def _pair_key(k: SeriesKey) -> tuple[str, str, int, str, str, str]:
     return (k.engine, k.model, k.num_layers, k.layout, k.scaling, k.cluster)
 
 
-def _point_key(k: SeriesKey, num_devices: int) -> tuple:
+def _point_key(k: SeriesKey, num_devices: int) -> tuple[str, str, int, str, str, str, str, int]:
     return (k.engine, k.model, k.num_layers, k.precision, k.layout, k.scaling, k.cluster, num_devices)
 
 
-def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPoint]:
+def _engine_ratios(groups: Mapping[SeriesKey, list[dict[str, Any]]]) -> list[EngineRatioPoint]:
     """R(N) of every point of a series of another engine against the scalebench point of the same key and N."""
     ours = {
         _point_key(k, p["num_devices"]): p.get("tokens_per_sec")
@@ -487,8 +493,7 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPo
         for p in pts:
             x = p.get("tokens_per_sec")
             ref = ours.get(_point_key(k.model_copy(update={"engine": "scalebench"}), p["num_devices"]))
-            ratio = _finite(x / ref) if x and ref else None
-            if ratio is not None:
+            if x and ref and (ratio := _finite(x / ref)) is not None:
                 out.append(
                     EngineRatioPoint(
                         **k.model_dump(),
@@ -501,14 +506,17 @@ def _engine_ratios(groups: Mapping[SeriesKey, list[dict]]) -> list[EngineRatioPo
     return out
 
 
-NumericsKey = tuple
+NumericsKey = tuple[tuple[str, ...], int, tuple[str, ...], int]  # run ids and pending count of fp8, then of bf16
+# What a numerics cache holds: a pair's verdict and matched losses by its NumericsKey, and the SpeedupPoint fields
+# they give priced with the points' values by ("priced", NumericsKey, speedup, the values) (_verdict_fields).
+NumericsCache = MutableMapping[tuple[Any, ...], tuple[LossVerdict, TimeToLoss] | dict[str, Any]]
 
 
-def numerics_key(fp8: PointRuns | Mapping, bf16: PointRuns | Mapping) -> NumericsKey:
+def numerics_key(fp8: PointRuns | Mapping[str, Any], bf16: PointRuns | Mapping[str, Any]) -> NumericsKey:
     """What a pair's verdict and matched losses depend on: the run ids of both points and how many are still
     pending (a succeeded run's curve never changes; a run that ends changes the pending count)."""
 
-    def part(p: PointRuns | Mapping) -> tuple:
+    def part(p: PointRuns | Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
         if isinstance(p, PointRuns):
             return (p.run_ids, p.num_pending)
         return (tuple(p.get("run_ids", ())), p.get("num_pending", 0))
@@ -533,27 +541,27 @@ def pair_numerics(fp8_runs: Sequence[Curves], bf16_runs: Sequence[Curves]) -> tu
     return loss_verdict(fp8_runs, bf16_runs), match_losses(fp8_runs, bf16_runs)
 
 
-def _tokens_per_step(p: Mapping) -> float | None:
+def _tokens_per_step(p: Mapping[str, Any]) -> float | None:
     x, ms = p.get("tokens_per_sec"), p.get("step_ms_median")
     return x * ms / 1000 if x and ms else None
 
 
 def _verdict_fields(
-    p: dict,
-    b: dict,
+    p: dict[str, Any],
+    b: dict[str, Any],
     speedup: float,
     run_losses: Mapping[str, Curves] | None,
-    cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None,
-) -> dict:
+    cache: NumericsCache | None,
+) -> dict[str, Any]:
     """The loss verdict and time to loss of an fp8 point against its bf16 twin, from the cache (numerics_key; and
     priced, by the points' values too) or their runs' curves (neither: no verdict)."""
     key = numerics_key(p, b)
     fp8_ms, bf16_ms = p.get("step_ms_median"), b.get("step_ms_median")
     priced_key = ("priced", key, speedup, fp8_ms, bf16_ms, p.get("tokens_per_sec"), b.get("tokens_per_sec"))
-    if cache is not None and (fields := cache.get(priced_key)) is not None:
-        return fields
+    if cache is not None and isinstance(cached := cache.get(priced_key), dict):  # a priced key holds fields
+        return cached
     found = cache.get(key) if cache is not None else None
-    if found is None:
+    if not isinstance(found, tuple):  # not cached (a NumericsKey holds a verdict and matched losses)
         if run_losses is None:
             return {}
         found = pair_numerics(
@@ -589,9 +597,9 @@ def _verdict_fields(
 
 
 def _speedups(
-    groups: Mapping[SeriesKey, list[dict]],
+    groups: Mapping[SeriesKey, list[dict[str, Any]]],
     run_losses: Mapping[str, Curves] | None = None,
-    cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None = None,
+    cache: NumericsCache | None = None,
 ) -> list[SpeedupPoint]:
     """S(N) of every fp8 point against the bf16 point of its pair series; points as ScalingPoint fields.
     run_losses (run id -> its curves): each pair also gets its loss verdict."""
@@ -599,7 +607,9 @@ def _speedups(
     out = []
     for k, pts in groups.items():
         ref = bf16.get(_pair_key(k)) if k.precision in FP8_PRECISIONS else None
-        for p in pts if ref else []:
+        if not ref:
+            continue
+        for p in pts:
             b = ref.get(p["num_devices"])
             x, loss = p.get("tokens_per_sec"), p.get("final_loss")
             if x and b is not None and b.get("tokens_per_sec"):
@@ -628,7 +638,7 @@ def _speedups(
 
 
 def _series(
-    key: SeriesKey, points: list[dict], impossible: list[int], baseline_n: int | None, full_n: int | None
+    key: SeriesKey, points: list[dict[str, Any]], impossible: list[int], baseline_n: int | None, full_n: int | None
 ) -> Series:
     n0, notes = _with_efficiency(points, baseline_n)
     measured = {p["num_devices"]: p["tokens_per_sec"] for p in points if p.get("tokens_per_sec")}
@@ -679,7 +689,7 @@ def build_report_from_points(
     full_size_by_cluster: Mapping[str, int] | None = None,
     noisy_spread: float = NOISY_SPREAD,
     run_losses: Mapping[str, Curves] | None = None,
-    numerics_cache: MutableMapping[NumericsKey, tuple[LossVerdict, TimeToLoss]] | None = None,
+    numerics_cache: NumericsCache | None = None,
 ) -> ScalingReport:
     """build_report over points already aggregated (aggregate_points, or the database's GROUP BY): one
     PointRuns per (series, N), series in order of their first run. run_losses: run id (str) -> its loss curves
@@ -713,7 +723,7 @@ def build_report_from_points(
     }
     series = []
 
-    def order(k: SeriesKey) -> tuple:
+    def order(k: SeriesKey) -> tuple[str, int, str, str, bool, str, str, str]:
         return (
             k.model,
             k.num_layers,
@@ -727,9 +737,9 @@ def build_report_from_points(
 
     for k in sorted(sized, key=order):
         pts, impossible = sized[k]
-        for p in pts:
-            p["fp8_speedup"] = s_of.get(_point_key(k, p["num_devices"]))
-            p["engine_ratio"] = r_of.get(_point_key(k, p["num_devices"]))
+        for fields in pts:
+            fields["fp8_speedup"] = s_of.get(_point_key(k, fields["num_devices"]))
+            fields["engine_ratio"] = r_of.get(_point_key(k, fields["num_devices"]))
         full_n = (full_size_by_cluster or {}).get(k.cluster)
         series.append(_series(k, pts, impossible, baseline_num_devices, full_n))
     return ScalingReport(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
@@ -76,6 +77,16 @@ class TimeToLoss(BaseModel):
     shortfall: float | None = None  # fp8 never reached the target: (fp8's lowest - target) / target, seed mean
     extrapolated: bool = False  # fp8's crossing extrapolated past its end in some seed (see shortfall)
     matches: list[LossMatch] = []
+
+
+class _Common(TypedDict, total=False):
+    """The fields every TimeToLoss of one match_losses call shares (filled as they are known)."""
+
+    source: str
+    num_seeds: int
+    matches: list[LossMatch]
+    target_loss: float
+    bf16_steps: float
 
 
 def first_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
@@ -170,7 +181,7 @@ def price(
 ) -> TimeToLoss:
     """The matched steps priced with the points' throughput: effective_speedup = S(N) / steps_ratio (its band
     the ratio's relative band), tokens and wall-clock to the target (cheap: the curves are not read again)."""
-    upd: dict = {}
+    upd: dict[str, object] = {}
     if t.bf16_steps is not None:
         upd |= _costs("bf16", t.bf16_steps, bf16_step_ms, bf16_tokens_per_step)
     if t.fp8_steps is not None:
@@ -203,15 +214,18 @@ def match_losses(
             source=source,
             num_seeds=len(seeds),
         )
-    matches, end = [], None
+    matches: list[LossMatch] = []
+    # per seed at the end checkpoint: (target, t_bf16, t_fp8 or None when fp8 never reached it, fp8's lowest)
+    end: list[tuple[float, float, float | None, float]] | None = None
     for frac in CHECKPOINTS:
-        per_seed = []
+        per_seed: list[tuple[float, float, float | None, float]] = []
         for fc, bc, _ in curves:
             last = bc[-1][0] if frac == 1.0 else bc[0][0] + frac * (bc[-1][0] - bc[0][0])
             target = _best_by(bc, last)
             if target is None:
                 break
             t_b = first_reach(bc, target)
+            assert t_b is not None  # target is a finite loss of bc itself, so bc reaches it
             t_f = first_reach(fc, target)
             per_seed.append((target, t_b, t_f, min((y for _, y in fc if math.isfinite(y)), default=math.nan)))
         if len(per_seed) < len(curves):
@@ -223,37 +237,37 @@ def match_losses(
                 fraction=frac,
                 loss=statistics.fmean(t for t, *_ in per_seed),
                 bf16_step=statistics.fmean(t_b for _, t_b, _, _ in per_seed),
-                fp8_step=statistics.fmean(t_f for _, _, t_f, _ in per_seed) if reached else None,
+                fp8_step=statistics.fmean(t_f for _, _, t_f, _ in per_seed if t_f is not None) if reached else None,
                 steps_ratio=statistics.fmean(ratios) if reached and len(ratios) == len(per_seed) else None,
             )
         )
         if frac == 1.0:
             end = per_seed
-    common = dict(source=source, num_seeds=len(seeds), matches=matches)
+    common = _Common(source=source, num_seeds=len(seeds), matches=matches)
     if end is None:
         return TimeToLoss(reason="bf16's smoothed loss is not finite", **common)
     target = statistics.fmean(t for t, *_ in end)
     t_bf16 = statistics.fmean(t_b for _, t_b, _, _ in end)
-    common |= dict(target_loss=target, bf16_steps=t_bf16)
+    common["target_loss"], common["bf16_steps"] = target, t_bf16
     missed = [(s, t, lowest) for s, (t, _, t_f, lowest) in zip(seeds, end) if t_f is None]
     short = statistics.fmean((lowest - t) / t for _, t, lowest in missed) if missed else None
     which = ", ".join(str(s) for s, *_ in missed)
-    if missed:
-        ext = [extrapolated_reach(fc, t) if t_f is None else t_f for (fc, _, _), (t, _, t_f, _) in zip(curves, end)]
-        if any(x is None for x in ext):
-            return TimeToLoss(
-                reason=(
-                    f"fp8 never reached bf16's end {source} loss {target:.4g} within its run (seed {which}): short "
-                    f"by {short:+.2%}, more than the last quarter's slope makes up within "
-                    f"{MAX_EXTRAPOLATION:.0%} more steps"
-                ),
-                shortfall=short,
-                **common,
-            )
-        end = [(t, t_b, x, lowest) for (t, t_b, _, lowest), x in zip(end, ext)]
-    ratios = [t_f / t_b for _, t_b, t_f, _ in end]
+    # the crossing of every seed: fp8's own, else extrapolated (only a seed that missed is extrapolated)
+    ext = [extrapolated_reach(fc, t) if t_f is None else t_f for (fc, _, _), (t, _, t_f, _) in zip(curves, end)]
+    crossed = [(t, t_b, x, lowest) for (t, t_b, _, lowest), x in zip(end, ext) if x is not None]
+    if len(crossed) < len(end):  # a seed fp8 missed, not reached by extrapolation either
+        return TimeToLoss(
+            reason=(
+                f"fp8 never reached bf16's end {source} loss {target:.4g} within its run (seed {which}): short "
+                f"by {short:+.2%}, more than the last quarter's slope makes up within "
+                f"{MAX_EXTRAPOLATION:.0%} more steps"
+            ),
+            shortfall=short,
+            **common,
+        )
+    ratios = [t_f / t_b for _, t_b, t_f, _ in crossed]
     ses = []
-    for (fc, bc, b), (t, t_b, _, _) in zip(curves, end):
+    for (fc, bc, b), (t, t_b, _, _) in zip(curves, crossed):
         se_l = _local_se(b, source, bc)
         lo, hi = _reach(fc, t - Z_BAND * se_l), _reach(fc, t + Z_BAND * se_l)
         if lo is None:  # not even by extrapolation: the crossing moves at least that far
@@ -271,10 +285,9 @@ def match_losses(
         e = -slope([x for x, _ in tail], [y for _, y in tail]) * bc[-1][0] / bc[-1][1]
         allowance = gap_allowance / e if e >= MIN_ELASTICITY else math.inf
         se_seed = allowance
-    band = Z_BAND * math.hypot(math.sqrt(sum(se * se for se in ses)) / num, se_seed)
-    if not math.isfinite(band):
-        band = None
-    t_fp8 = statistics.fmean(t_f for _, _, t_f, _ in end)
+    half_width = Z_BAND * math.hypot(math.sqrt(sum(se * se for se in ses)) / num, se_seed)
+    band = half_width if math.isfinite(half_width) else None
+    t_fp8 = statistics.fmean(t_f for _, _, t_f, _ in crossed)
     if band is None:
         noise = "one seed on a flat curve: no band; 2+ seeds give one"
     elif num >= 2:
@@ -301,7 +314,7 @@ def match_losses(
     )
 
 
-def _costs(prefix: str, steps: float, step_ms: float | None, tokens_per_step: float | None) -> dict:
+def _costs(prefix: str, steps: float, step_ms: float | None, tokens_per_step: float | None) -> dict[str, float | None]:
     return {
         f"{prefix}_tokens": steps * tokens_per_step if tokens_per_step else None,
         f"{prefix}_time_s": steps * step_ms / 1000 if step_ms else None,

@@ -221,6 +221,8 @@ def _at_equal_loss(options: list[PlanOption], measured: ScalingReport) -> list[P
     ratios = steps_ratios(measured)
     out = []
     for o in options:
+        r: float | None
+        note: str | None
         if o.precision == "bf16":
             r, note = 1.0, None
         else:
