@@ -309,7 +309,8 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
         rel = [m.tokens_per_sec(n) / x - 1 for n, x in pts.items()]
         if not all(math.isfinite(r) for r in rel):
             return math.inf
-        return math.sqrt(sum((r / len(rel) ** 0.5) ** 2 for r in rel))
+        # hypot scales before squaring: a relative error of 1e160 gives 1e160, not OverflowError from `** 2`
+        return math.hypot(*rel) / math.sqrt(len(rel))
 
     def fit(combo: dict[str, float]) -> tuple[float, _Model]:
         m = _Model(model.w, model.net.model_copy(update=combo), model.gpn, model.n0, model.step0_ms, model.breakdown)
