@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from celery import Celery
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Header, Path, Query, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -24,9 +24,19 @@ from db.tokens import verify_token
 
 READ_METHODS = ("GET", "HEAD")
 
-# Path parameters and responses shared by the routers.
-ExperimentId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Experiment id.")]
-RunId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Run id.")]
+# Every id, in a path or a query, has the same bounds: the store's ids are positive 32-bit integers, and a
+# larger number is a 422 naming the parameter (SQLite would raise OverflowError binding it: a 500). Every router
+# takes its id types from here.
+MAX_ID = 2**31 - 1
+ExperimentId = Annotated[int, Path(ge=1, le=MAX_ID, description="Experiment id.")]
+RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="Run id.")]
+SuiteId = Annotated[int, Path(ge=1, le=MAX_ID, description="Suite id.")]
+RegressionId = Annotated[int, Path(ge=1, le=MAX_ID, description="Regression id.")]
+TokenId = Annotated[int, Path(ge=1, le=MAX_ID, description="Token id.")]
+WebhookId = Annotated[int, Path(ge=1, le=MAX_ID, description="Webhook id.")]
+SuiteIdQuery = Annotated[int | None, Query(ge=1, le=MAX_ID, description="Suite id.")]
+
+# Responses shared by the routers.
 NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
     304: {"description": "Not Modified: If-None-Match holds the current ETag."}
 }

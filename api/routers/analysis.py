@@ -26,7 +26,7 @@ import db.points
 from api import etag
 from api.caches import AnswerCache, LruDict
 from api.compare import CompareExperiment, CompareRead, compare
-from api.deps import NOT_MODIFIED, ExperimentId, ReadAuth, SessionDep
+from api.deps import MAX_ID, NOT_MODIFIED, ExperimentId, ReadAuth, SessionDep
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from core.analysis.scaling import ScalingReport, build_report_from_points, loss_pairs, numerics_key, to_csv
 from core.contracts.clusters import Cluster
@@ -301,7 +301,7 @@ def _parse_ids(raw: str) -> list[int]:
         )
 
     parts = [p.strip() for p in raw.split(",")]
-    if any(not p.isdigit() or not 0 < int(p) < 2**31 for p in parts):
+    if any(not p.isdigit() or not 0 < int(p) <= MAX_ID for p in parts):
         raise bad(f"{raw!r} is not a comma-separated list of positive integer ids")
     ids = list(dict.fromkeys(int(p) for p in parts))
     if not 2 <= len(ids) <= MAX_COMPARE:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 import db.regressions
-from api.deps import ReadAuth, SessionDep, WriteAuth
+from api.deps import ReadAuth, RegressionId, SessionDep, SuiteIdQuery, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import PROBLEM_RESPONSES, found
 from api.schemas.experiments import decode_cursor, encode_cursor
@@ -26,7 +26,6 @@ from core.analysis.regression import DEFAULT_METRICS, OPEN_STATES
 from db.models import Regression
 
 router = APIRouter(prefix="/regressions", tags=["regressions"], route_class=GuardedRoute)
-RegressionId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Regression id.")]
 
 
 def regression_read(row: Regression, detail: bool = False) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def _get_or_404(session: Session, regression_id: int) -> Regression:
 def list_regressions(
     session: SessionDep,
     _auth: ReadAuth,
-    suite: Annotated[int | None, Query(ge=1, description="Suite id.")] = None,
+    suite: SuiteIdQuery = None,
     status: Annotated[RegressionStatus | None, Query()] = None,
     metric: Annotated[MetricName | None, Query()] = None,
     since: Annotated[datetime | None, Query(description="Changed at or after this time (ISO 8601).")] = None,

@@ -7,20 +7,19 @@ A revoked token gets 401 from then on; revoking the token of the request itself 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 import db.tokens
-from api.deps import SessionDep, WriteAuth
+from api.deps import SessionDep, TokenId, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import WRITE_RESPONSES, found
 from core.contracts.specs import Text
 from db.models import ApiToken
 
 router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=GuardedRoute)
-TokenId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Token id.")]
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Query, Response
 
 import db.webhooks
-from api.deps import SessionDep, SettingsDep, WriteAuth
+from api.deps import SessionDep, SettingsDep, WebhookId, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
 from api.schemas.nightly import DeliveryRead, WebhookCreate, WebhookCreated, WebhookRead, WebhookUpdate
@@ -41,7 +41,6 @@ def webhook_read(hook: Webhook) -> dict[str, Any]:
 
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"], route_class=GuardedRoute)
-WebhookId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Webhook id.")]
 
 
 def _problem(exc: db.webhooks.WebhookError) -> ProblemError:
