@@ -21,6 +21,7 @@ Pure: imports core only.
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any, Literal, get_args
 
@@ -108,10 +109,77 @@ class CommandEngineConfig(Strict):
             )
         if any("{precision_args}" in a and a != "{precision_args}" for a in self.argv):
             raise ValueError("{precision_args} must be a whole argument of argv (it expands to a list)")
+        for args in (self.argv, *self.precision_args.values()):
+            check_no_code_placeholders(args)
         bad = [p for p in self.precision_args if p not in self.precisions]
         if bad:
             raise ValueError(f"precision_args names {', '.join(bad)}, not in this engine's precisions")
         return self
+
+
+# Programs that run an argument as code, and the flag that says which argument: a placeholder inside that code
+# would be read as code (`/x; echo INJECTED` in a data path), so templates pass values as arguments instead.
+# Each pattern matches the flag argument; group 1 is code given in the same argument (python -c'code').
+_SHELLS = ("sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "yash", "fish", "csh", "tcsh", "busybox")
+_SHELL_FLAG = re.compile(r"^[-+][a-zA-Z]*c[a-zA-Z]*()$")  # -c, -ec, -lc, -xc
+_CODE_FLAGS: dict[str, re.Pattern[str]] = {
+    **dict.fromkeys(_SHELLS, _SHELL_FLAG),
+    "python": re.compile(r"^-[bBdEiIOPqsSuvx]*c(.*)$"),
+    "perl": re.compile(r"^-[aclnpstuwWX0-9]*[eE](.*)$"),
+    "ruby": re.compile(r"^-[adlnpsvwW]*e(.*)$"),
+    "node": re.compile(r"^(?:-e|-p|--eval|--print)(?:=(.*))?$"),
+}
+# Options of theirs that take the next argument as a value (so it is not the script file ending the options).
+_VALUE_OPTIONS = ("-o", "+o", "-O", "+O", "-W", "-X", "-I", "-r", "--require")
+_VERSIONED_RE = re.compile(r"^([a-z]+?)[0-9.]*$")  # python3.12, perl5 -> python, perl
+
+
+def _interpreter(arg: str) -> str | None:
+    m = _VERSIONED_RE.match(arg.rsplit("/", 1)[-1])
+    return m.group(1) if m and m.group(1) in _CODE_FLAGS else None
+
+
+def _code_refused(i: int, arg: str, interpreter: str) -> ValueError:
+    names = placeholders_in(arg)
+    placeholder = "{" + (names[0] if names else "...") + "}"
+    return ValueError(
+        f"argv[{i}] {arg!r}: {placeholder} is inside the code that {interpreter} runs, where a value would be read "
+        f"as code; pass it as an argument after the code and quote it there, e.g. "
+        f'["sh", "-c", "train \\"$1\\"", "sh", "{placeholder}"]'
+    )
+
+
+def check_no_code_placeholders(argv: list[str]) -> None:
+    """ValueError when a placeholder sits inside the code of `sh -c CODE` (bash, zsh, `env sh -c`, python -c,
+    perl -e, ...). Elsewhere a placeholder is safe inside a longer argument: argv goes to the program without a
+    shell, so a value never splits into words; only a program that reads an argument as code re-parses it."""
+    interpreter: str | None = None
+    code_next = skip_value = False
+    for i, arg in enumerate(argv):
+        if skip_value:
+            skip_value = False
+            continue
+        if code_next:
+            if placeholders_in(arg):
+                raise _code_refused(i, arg, interpreter or "the shell")
+            interpreter, code_next = None, False  # what follows the code are its arguments
+            continue
+        if name := _interpreter(arg):
+            interpreter = name
+            continue
+        if interpreter is None:
+            continue
+        if m := _CODE_FLAGS[interpreter].match(arg):
+            if m.group(1):
+                if placeholders_in(m.group(1)):
+                    raise _code_refused(i, arg, interpreter)
+                interpreter = None
+            else:
+                code_next = True
+        elif arg in _VALUE_OPTIONS:
+            skip_value = True
+        elif not arg.startswith(("-", "+")):
+            interpreter = None  # a script file: the rest are its arguments
 
 
 def placeholders_in(text: str) -> list[str]:
