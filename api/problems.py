@@ -282,3 +282,9 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DataError, _on_data_error)
     app.add_exception_handler(OperationalError, _on_db_down)
     app.add_middleware(UnexpectedErrors)
+
+
+def data_path_problem(exc: Exception, data_roots: list[str], field: str = "data_path") -> ProblemError:
+    """422 naming data_path: the same answer for every path that is not allowed (no existence oracle)."""
+    allowed = [f"a regular file relative to {root}" for root in data_roots] or ["null (the synthetic stream)"]
+    return ProblemError(422, str(exc), [FieldError(field=field, message=str(exc), allowed=allowed)])

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from core.analysis.summary import summarize
 from core.catalog.hardware import peak_tflops
+from core.contracts import data_paths
 from core.contracts.specs import Environment, ErrorKind, Numerics, RunError, RunResult, RunSpec, StepRecord
 from core.engines.command import COMMAND_FILE, CommandEngineConfig, render_command, template_values
 from core.engines.logs import StepMetric, parse_metrics
@@ -54,7 +55,10 @@ def _free_port() -> int:
 
 
 def launch(spec: RunSpec, command: CommandEngineConfig, run_dir: Path, num_nodes: int) -> dict:
-    """The rendered launch of this node: argv, env, cwd, metrics source and file."""
+    """The rendered launch of this node: argv, env, cwd, metrics source and file. {data_path} is the real path of
+    the data file inside the cluster's data roots (absolute: never read as an option), checked here again."""
+    if spec.data_path:
+        spec = spec.model_copy(update={"data_path": str(data_paths.resolve(spec.data_path, spec.data_roots))})
     values = template_values(
         spec,
         nnodes=num_nodes,
@@ -64,7 +68,7 @@ def launch(spec: RunSpec, command: CommandEngineConfig, run_dir: Path, num_nodes
         run_dir=str(run_dir),
         code_dir=str(CODE_DIR),
     )
-    return render_command(command, spec, values)
+    return render_command(command, spec, values) | {"data_path": values["data_path"]}
 
 
 def run_command(rendered: dict) -> tuple[int, list[str]]:
@@ -159,6 +163,14 @@ def result_from_metrics(spec: RunSpec, records: list[StepMetric], meta: dict, so
     )
 
 
+def own_lines(lines: list[str], request_texts: list[str]) -> list[str]:
+    """The lines a metrics parser may read: not one that holds text the request chose (its data_path, as given
+    and as resolved): a program that echoes its arguments must not make a metric out of them. Every other
+    placeholder is a bounded number or a name from a fixed set, which cannot spell a metrics line."""
+    texts = [t for t in request_texts if t]
+    return [line for line in lines if not any(t in line for t in texts)]
+
+
 def execute(spec: RunSpec, run_dir: Path) -> RunResult | None:
     """Run the command; the result on the first node, None on the others (the first node writes it)."""
     meta = json.loads((run_dir / COMMAND_FILE).read_text())
@@ -175,6 +187,7 @@ def execute(spec: RunSpec, run_dir: Path) -> RunResult | None:
         metric_lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
     else:
         metric_lines = lines
+    metric_lines = own_lines(metric_lines, [spec.data_path or "", rendered["data_path"]])
     records = parse_metrics(source, metric_lines, tokens_per_step=spec.tokens_per_step, num_devices=spec.num_devices)
     if not records:
         where = rendered["metrics_file"] if source == "jsonl" else "its output"
@@ -201,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = execute(spec, args.spec.parent)
-    except (OSError, ValueError, KeyError) as exc:  # a command that cannot start, a bad command.json
+    except (OSError, ValueError, KeyError) as exc:  # a command that cannot start, a bad command.json, a data_path
+        # that is not allowed (core.contracts.data_paths: one message for every such path)
         result = RunResult(
             run_key=spec.run_key(),
             status="failed",

@@ -311,9 +311,11 @@ def val_path(data_path: str | Path) -> Path:
 
 
 def load_recipe(data_path: str | Path) -> dict | None:
-    """The recipe written beside a built token file, or None (a file made some other way)."""
+    """The recipe written beside a built token file, or None (a file made some other way, or a recipe that is not
+    a regular file in the data file's own directory: a symlink out of the data roots is not read)."""
     path = recipe_path(data_path)
-    if not path.is_file():
+    real = Path(os.path.realpath(path))
+    if real.parent != Path(os.path.realpath(data_path)).parent or not real.is_file():
         return None
     try:
         recipe = json.loads(path.read_text())
@@ -322,23 +324,25 @@ def load_recipe(data_path: str | Path) -> dict | None:
     return recipe if isinstance(recipe, dict) and "sha256" in recipe else None
 
 
-def describe(data_path: str | Path) -> str:
-    """What Numerics.data records: the file's name and sha256, with the recipe's name, text and tokenizer
-    checksums when the file was built here (the recorded checksum is used when the size matches)."""
+def describe(data_path: str | Path, name: str | None = None) -> str:
+    """What Numerics.data records: the file's name (`name`: the spec's, relative to its data root; default the
+    base name) and sha256, with the recipe's name, text and tokenizer checksums when the file was built here (the
+    recorded checksum is used when the size matches)."""
     path = Path(data_path)
+    name = name or path.name
     recipe = load_recipe(path)
     if recipe is None:
         size = path.stat().st_size
         if size > MAX_HASHED_BYTES:  # every rank would hash it at start-up: name and size only
-            return f"{path.name} {size} bytes (not hashed: over {MAX_HASHED_BYTES >> 20} MiB, no recipe beside it)"
-        return f"{path.name} sha256:{sha256_file(path)}"
+            return f"{name} {size} bytes (not hashed: over {MAX_HASHED_BYTES >> 20} MiB, no recipe beside it)"
+        return f"{name} sha256:{sha256_file(path)}"
     digest = recipe["sha256"].get("train")
     expected_bytes = recipe.get("tokens", {}).get("train", -1) * np.dtype(recipe.get("dtype", "uint16")).itemsize
     if path.stat().st_size != expected_bytes:
         digest = sha256_file(path)
     tok = recipe.get("tokenizer", {})
     return (
-        f"{path.name} sha256:{digest}; recipe {recipe.get('name')} v{recipe.get('recipe_version')} "
+        f"{name} sha256:{digest}; recipe {recipe.get('name')} v{recipe.get('recipe_version')} "
         f"source {recipe.get('source')} text sha256:{recipe.get('text_sha256')}; tokenizer "
         f"{tok.get('model')} vocab {tok.get('vocab_size')} sha256:{recipe['sha256'].get('tokenizer')}"
     )

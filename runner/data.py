@@ -21,13 +21,21 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from runner.corpus import load_recipe, val_path
+from core.contracts import data_paths
+from runner.corpus import load_recipe
+from runner.failures import InvalidConfig
 
 NUM_OFFSETS = 16
+# Opening the data file (not reading it) has this limit, independent of the run's timeout_s.
+DATA_OPEN_TIMEOUT_S = 30.0
 ACTIVE_VOCAB = 256
 
 
@@ -62,13 +70,65 @@ class SyntheticTokens:
         return self.perm[walk]
 
 
+class DataOpenError(InvalidConfig):
+    """A data file that is not allowed, not a regular file once open, or that did not open in time."""
+
+
+def resolve_data(data_path: str, roots: list[str]) -> Path:
+    """The real path of an allowed data file (core.contracts.data_paths: inside a root, a regular file);
+    DataOpenError with the one message for every path that is not allowed."""
+    try:
+        return data_paths.resolve(data_path, roots)
+    except data_paths.DataPathError as exc:
+        raise DataOpenError(str(exc)) from exc
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    # O_NONBLOCK: a FIFO (put in place of the file after it was resolved) opens at once instead of waiting for a
+    # writer; O_NOFOLLOW: a symlink swapped in after resolution is refused. fstat then checks what was opened.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataOpenError(f"data file {path.name!r} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_data(path: Path, timeout_s: float = DATA_OPEN_TIMEOUT_S) -> BinaryIO:
+    """Open a resolved data file, giving up after timeout_s (a hung network mount must not hold the run until
+    its own timeout_s: the run fails as invalid_config at once; the opening thread is left behind)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["file"] = _open_regular(path)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    opener = threading.Thread(target=target, name="open-data", daemon=True)
+    opener.start()
+    opener.join(timeout_s)
+    if opener.is_alive():
+        raise DataOpenError(f"opening data file {path.name!r} took over {timeout_s:g} s")
+    if "error" in box:
+        error = box["error"]
+        if isinstance(error, DataOpenError):
+            raise error
+        raise DataOpenError(f"data file {path.name!r} cannot be opened ({type(error).__name__})") from error
+    return box["file"]
+
+
 class MemmapTokens:
     """Windows at seeded random offsets of a flat token file. Its dtype is the recipe's beside it (runner.corpus:
-    <stem>.json), else uint16 when the model's vocab < 65536 and uint32 otherwise."""
+    <stem>.json), else uint16 when the model's vocab < 65536 and uint32 otherwise. `path` is a resolved data file
+    (resolve_data); it is opened with open_data (regular file, short timeout) and mapped from that descriptor."""
 
-    def __init__(self, path: str, vocab_size: int, seed: int, field: str = "data_path"):
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{field} {path!r} does not exist")
+    def __init__(self, path: str | Path, vocab_size: int, seed: int, field: str = "data_path"):
+        path = Path(path)
+        data_file = open_data(path)
         recipe = load_recipe(path)
         if recipe is not None:
             tokenizer_vocab = int(recipe.get("tokenizer", {}).get("vocab_size", 0))
@@ -80,7 +140,8 @@ class MemmapTokens:
             dtype = np.dtype(recipe.get("dtype", "uint16"))
         else:
             dtype = np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
-        self.tokens = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r")
+        with data_file:
+            self.tokens = np.memmap(data_file, dtype=dtype.newbyteorder("<"), mode="r")
         self.seed = seed
 
     def sequence(self, step: int, index: int, length: int) -> torch.Tensor:
@@ -114,7 +175,7 @@ HELD_OUT_SEED = 0  # held-out windows of a .val file: the same for every run and
 def make_eval_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> Batches:
     """Held-out batches: .get(b) for b in range(spec.eval_batches) is the b-th batch of every evaluation."""
     if spec.data_path:
-        held_out = str(val_path(spec.data_path))
+        held_out = resolve_data(data_paths.beside(spec.data_path, ".val"), spec.data_roots)
         source: MemmapTokens | HeldOutSynthetic = MemmapTokens(
             held_out, vocab_size, HELD_OUT_SEED, field="held-out split of data_path"
         )
@@ -135,7 +196,9 @@ class HeldOutSynthetic:
 
 def make_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> Batches:
     if spec.data_path:
-        source: MemmapTokens | SyntheticTokens = MemmapTokens(spec.data_path, vocab_size, spec.seed)
+        source: MemmapTokens | SyntheticTokens = MemmapTokens(
+            resolve_data(spec.data_path, spec.data_roots), vocab_size, spec.seed
+        )
     else:
         source = SyntheticTokens(vocab_size, spec.seed)
     return Batches(source, seq_len=spec.seq_len, local_batch_size=spec.local_batch_size, dp_rank=dp_rank, device=device)

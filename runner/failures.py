@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from runner.metrics import DeviceLog, StepTimer
 
 from core.catalog.hardware import unsupported_reason
+from core.contracts import data_paths
 from core.contracts.specs import (
     MX_PRECISIONS,
     Environment,
@@ -63,6 +64,11 @@ def validate(spec: RunSpec, world_size: int) -> None:
         if value % d.tp:
             problems.append(f"{field}({value}) of model {spec.model} is not divisible by tp({d.tp})")
     problems += mx_problems(spec)
+    if spec.data_path:
+        try:  # checked again on the open descriptor when it is read (runner.data.open_data)
+            data_paths.resolve(spec.data_path, spec.data_roots)
+        except data_paths.DataPathError as exc:
+            problems.append(str(exc))
     if spec.device_type == "cuda":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if not torch.cuda.is_available():

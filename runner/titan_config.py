@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from core.catalog.shapes import MODEL_NAMES, ModelShape, get_shape
+from core.contracts import data_paths
 from core.contracts.specs import RunSpec
 from core.engines.registry import TORCHTITAN_RECIPES, torchtitan_point_reason
 
@@ -161,7 +162,8 @@ def job_sections(
         "lr_scheduler": lr_scheduler(spec),
         "training": {
             "dataset": DATASET_FILE if spec.data_path else DATASET_SYNTHETIC,
-            **({"dataset_path": spec.data_path} if spec.data_path else {}),
+            # the resolved file inside the data roots (runner.titan_spec opens it as runner.data does)
+            **({"dataset_path": str(data_paths.resolve(spec.data_path, spec.data_roots))} if spec.data_path else {}),
             "local_batch_size": spec.local_batch_size,  # sequences per data-parallel rank
             # explicit: one micro-batch a step (no gradient accumulation), as our runner
             "global_batch_size": spec.global_batch_size,

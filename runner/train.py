@@ -22,7 +22,7 @@ from core.analysis.summary import step_records, summarize
 from core.contracts.specs import EvalPoint, Numerics, RunResult, RunSpec
 from runner import failures
 from runner.corpus import describe
-from runner.data import make_batches, make_eval_batches
+from runner.data import make_batches, make_eval_batches, resolve_data
 from runner.env import capture_environment, expected_fp8_dtypes, gather_hosts, peaks_for, probe_device
 from runner.fp8 import fp8_dtypes_of_config, is_fp8, precompute_fp8_scales
 from runner.metrics import DeviceLog, StepTimer, peak_memory_gib
@@ -200,7 +200,9 @@ def read_eval_losses(losses: list[torch.Tensor]) -> list[float]:
 
 def data_description(spec: RunSpec) -> str:
     """Numerics.data: "synthetic", or the token file's name and sha256 with its corpus and tokenizer recipe."""
-    return describe(spec.data_path) if spec.data_path else "synthetic"
+    if not spec.data_path:
+        return "synthetic"
+    return describe(resolve_data(spec.data_path, spec.data_roots), name=spec.data_path)
 
 
 def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> None:

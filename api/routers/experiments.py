@@ -14,7 +14,7 @@ import db.experiments
 from api import etag
 from api.deps import CeleryDep, ClustersDep, ExperimentId, ReadAuth, SessionDep, WriteAuth
 from api.guard import GuardedRoute
-from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
+from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, data_path_problem, found
 from api.schemas.experiments import (
     CancelRead,
     ExperimentCreated,
@@ -29,6 +29,7 @@ from api.schemas.experiments import (
     skipped_read,
 )
 from core.contracts.clusters import Cluster
+from core.contracts.data_paths import DataPathError
 from core.contracts.matrix import MatrixError, SkippedPoint, expand
 from core.contracts.specs import ExperimentSpec, RunSpec
 from db.experiments import ExperimentStatus
@@ -56,6 +57,8 @@ def _cluster(spec: ExperimentSpec, clusters: dict[str, Cluster]) -> Cluster:
 def _expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[SkippedPoint]]:
     try:
         runs, skipped = expand(spec, cluster)
+    except DataPathError as exc:
+        raise data_path_problem(exc, cluster.data_roots) from exc
     except MatrixError as exc:
         errors = [
             FieldError(

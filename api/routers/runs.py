@@ -21,6 +21,7 @@ from api.schemas.experiments import (
     RunStatus,
     decode_cursor,
     encode_cursor,
+    redact_log,
     redact_run,
     run_read,
     step_dict,
@@ -128,7 +129,7 @@ def get_steps(run_id: RunId, session: SessionDep, _auth: ReadAuth) -> Any:
 def get_log(
     run_id: RunId,
     session: SessionDep,
-    _auth: ReadAuth,
+    auth: ReaderAuth,
     tail_bytes: Annotated[int, Query(ge=1, le=1 << 20, description="Bytes from the end.")] = 65536,
 ) -> PlainTextResponse:
     """The worker ships the log's tail (at most 1 MiB, the newest bytes) every few seconds while the run goes
@@ -138,9 +139,9 @@ def get_log(
     if stored is None:
         raise ProblemError(404, f"run {run_id} has no log yet (status {run.status})")
     tail = stored.text.encode("utf-8")[-tail_bytes:].decode("utf-8", "ignore")
-    return PlainTextResponse(
-        tail, headers={"X-Log-Bytes": str(stored.log_bytes), "X-Log-Final": "true" if stored.final else "false"}
-    )
+    headers = {"X-Log-Bytes": str(stored.log_bytes), "X-Log-Final": "true" if stored.final else "false"}
+    headers["Vary"] = "Authorization"  # token holders see run directories and hosts (redact_log)
+    return PlainTextResponse(tail if auth.authenticated() else redact_log(tail, run), headers=headers)
 
 
 TRACE_CHUNK_BYTES = 1 << 20

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Query, Response
 from sqlalchemy.orm import Session
 
 import db.suites
-from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, WriteAuth
+from api.deps import CeleryDep, ClustersDep, ReadAuth, SessionDep, SuiteId, WriteAuth
 from api.guard import GuardedRoute
-from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, data_path_problem, found
 from api.schemas.nightly import SuiteCreate, SuiteFiringRead, SuiteRead, SuiteUpdate, TriggerRead
+from core.contracts.data_paths import DataPathError
 from core.contracts.matrix import MatrixError
 from db.base import utcnow
 from db.models import Suite
 from worker.queue import dispatch_runs
 
 router = APIRouter(prefix="/suites", tags=["suites"], route_class=GuardedRoute)
-SuiteId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Suite id.")]
 
 
 def _problem(exc: db.suites.SuiteError) -> ProblemError:
@@ -78,6 +78,8 @@ def create_suite(
         )
     except db.suites.SuiteError as exc:
         raise _problem(exc) from exc
+    except DataPathError as exc:
+        raise data_path_problem(exc, clusters[cluster_name].data_roots, "spec.data_path") from exc
     except MatrixError as exc:
         raise ProblemError(
             422,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 from datetime import datetime
 from typing import Any, Literal
 
@@ -206,7 +207,9 @@ def experiment_read(exp: Experiment, st: ExperimentStatus) -> dict[str, Any]:
 
 def skipped_read(points: list[SkippedPoint]) -> list[SkippedPointRead]:
     return [
-        SkippedPointRead(precision=p.precision, layout=p.layout, num_devices=p.num_devices, reason=p.reason)
+        SkippedPointRead(
+            engine=p.engine, precision=p.precision, layout=p.layout, num_devices=p.num_devices, reason=p.reason
+        )
         for p in points
     ]
 
@@ -226,12 +229,35 @@ ANONYMOUS_HIDDEN = ("worker", "host", "run_dir")  # where a run ran: for token h
 
 
 def redact_run(data: dict[str, Any]) -> dict[str, Any]:
-    """A run as an anonymous reader sees it: no worker (host:pid), host, run directory or environment hosts."""
+    """A run as an anonymous reader sees it: no worker (host:pid), host, run directory or environment hosts, and
+    no data checksum of a file outside the data roots."""
     out = data | {k: None for k in ANONYMOUS_HIDDEN if k in data}
     env = (out.get("result") or {}).get("environment")
     if isinstance(env, dict) and env.get("hosts"):
         out["result"] = out["result"] | {"environment": env | {"hosts": []}}
+    # The data file's name and checksum only for a file the runner found inside the cluster's data roots (a run
+    # recorded before data roots existed may have read any file the worker could: its checksum is not shown).
+    spec, numerics = out.get("spec"), (out.get("result") or {}).get("numerics")
+    if isinstance(spec, dict) and spec.get("data_path") and not spec.get("data_roots") and isinstance(numerics, dict):
+        out["result"] = out["result"] | {"numerics": numerics | {"data": None}}
     return out
+
+
+def redact_log(text: str, run: Run) -> str:
+    """A run's log as an anonymous reader sees it: without what redact_run hides (the run directory and the
+    directory of all runs, the worker, the hosts)."""
+    secrets: list[tuple[str, str]] = []
+    if run.run_dir:
+        secrets += [(run.run_dir.rstrip("/"), "<run_dir>"), (os.path.dirname(run.run_dir.rstrip("/")), "<runs>")]
+    env = (run.result or {}).get("environment") if isinstance(run.result, dict) else None
+    hosts = env.get("hosts") if isinstance(env, dict) else None
+    names = [run.worker, run.host, *(hosts if isinstance(hosts, list) else [])]
+    secrets += [(str(n), "<host>") for n in names if n]
+    # the worker is host:pid: its host part too; longest first, so a name is not half-replaced by a shorter one
+    secrets += [(str(n).rsplit(":", 1)[0], "<host>") for n in names if n and ":" in str(n)]
+    for secret, shown in sorted({s for s in secrets if len(s[0]) > 1}, key=lambda s: -len(s[0])):
+        text = text.replace(secret, shown)
+    return text
 
 
 def summary_dict(summary: RunSummary | None) -> dict[str, Any] | None:

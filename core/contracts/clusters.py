@@ -15,12 +15,16 @@ roce-400g, ib-800g) fill the defaults, and any field beside them overrides one, 
     nic = "ib-400g"                # one 400 Gbit/s NIC per GPU
     inter_node_efficiency = 0.75   # optional override
 
-Projections (GET /experiments/{id}/projection) read it; runs do not. Without one, a projection assumes the
+`data_roots = ["/data/tokens"]` names the directories whose files a spec's `data_path` may name (relative to a
+root; core.contracts.data_paths); a cluster without it runs on the synthetic stream only.
+
+Projections (GET /experiments/{id}/projection) read the network; runs do not. Without one, a projection assumes the
 platform the device name implies with a 400G InfiniBand NIC per GPU, and says so.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -96,6 +100,24 @@ class Cluster(Strict):
     engines: dict[str, CommandEngineConfig] = Field(
         {}, description="Command engines ([cluster.engines.<name>]): requests name them as `command:<name>`."
     )
+    data_roots: list[str] = Field(
+        [],
+        max_length=32,
+        description="Directories on the nodes whose regular files a spec's data_path may name (relative to one); "
+        "none: runs use the synthetic stream only (core.contracts.data_paths).",
+    )
+
+    @field_validator("data_roots")
+    @classmethod
+    def _absolute_roots(cls, v: list[str]) -> list[str]:
+        out = []
+        for root in v:
+            if not root.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in root):
+                raise ValueError(f"data_roots: {root!r} must be an absolute directory path without control characters")
+            if root.rstrip("/") == "":
+                raise ValueError("data_roots: '/' would allow every file on the node; name the data directories")
+            out.append(os.path.normpath(root))
+        return out
 
     @field_validator("engines")
     @classmethod

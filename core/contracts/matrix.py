@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from core.catalog.hardware import unsupported_reason
 from core.catalog.shapes import get_shape
+from core.contracts import data_paths
 from core.contracts.clusters import Cluster
 from core.contracts.specs import (
     FP8_PRECISIONS,
@@ -30,6 +31,21 @@ class SkippedPoint:
     num_devices: int
     reason: str
     engine: str = "scalebench"
+
+
+def check_data_path(data_path: str | None, cluster: Cluster) -> str | None:
+    """The spec's data_path relative to the cluster's data roots (None: synthetic). The file itself is checked
+    when this machine sees a root (the API next to local workers); the runner checks again before reading.
+    core.contracts.data_paths.DataPathError (one message for every path that is not allowed) otherwise."""
+    if data_path is None:
+        return None
+    roots = cluster.data_roots
+    if not roots:
+        raise data_paths.not_allowed(data_path, roots)
+    rel = data_paths.relative_to_roots(data_path, roots)
+    if data_paths.roots_visible(roots):
+        data_paths.resolve(rel, roots)
+    return rel
 
 
 class MatrixError(ValueError):
@@ -96,6 +112,7 @@ def _run_spec(
     degrees: ParallelDegrees,
     seed: int,
     repeat: int,
+    data_path: str | None,
 ) -> RunSpec:
     shape = get_shape(spec.model, spec.num_layers)
     if spec.scaling == "strong":
@@ -126,7 +143,8 @@ def _run_spec(
         lr_warmup_steps=spec.lr_warmup_steps,
         lr_schedule=spec.lr_schedule,
         seed=seed,
-        data_path=spec.data_path,
+        data_path=data_path,
+        data_roots=list(cluster.data_roots) if data_path else [],
         eval_every_steps=spec.eval_every_steps,
         eval_batches=spec.eval_batches,
         device_type=cluster.device_type,
@@ -141,6 +159,7 @@ def expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[
     reasons."""
     if spec.cluster != cluster.name:
         raise ValueError(f"cluster: spec names {spec.cluster!r} but expansion got {cluster.name!r}")
+    data_path = check_data_path(spec.data_path, cluster)
     runs: list[RunSpec] = []
     skipped: list[SkippedPoint] = []
     for engine in spec.engines:
@@ -164,7 +183,7 @@ def expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[
                         skipped.append(SkippedPoint(precision, layout, n, reason, engine))
                         continue
                     runs.extend(
-                        _run_spec(spec, cluster, engine, precision, layout, degrees, seed, r)
+                        _run_spec(spec, cluster, engine, precision, layout, degrees, seed, r, data_path)
                         for seed in spec.seed_list
                         for r in range(spec.repeats)
                     )

@@ -6,6 +6,7 @@ runner writes. One home for each; every other package imports them from here.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import math
@@ -26,8 +27,12 @@ from pydantic import (
 from core.analysis.breakdown import Breakdown
 from core.catalog.shapes import MODEL_NAMES, ModelShape, get_shape
 from core.contracts.base import Strict
+from core.contracts.data_paths import PATH_CHARS
+from core.contracts.data_paths import check_form as check_data_path_form
 
 SCHEMA_VERSION = 1
+# The fields a request gave, while an ExperimentSpec validates (ExperimentSpec._note_given_fields).
+_GIVEN_FIELDS: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("given_fields", default=None)
 MAX_PROFILE_STEPS = 20  # profiled steps per run: each adds a few MB of trace per rank on a GPU
 
 Precision = Literal[
@@ -160,6 +165,19 @@ def storable(value: Any) -> Any:
 
 # A string the store can hold: valid UTF-8 (no lone surrogate) without NUL.
 Text = Annotated[str, AfterValidator(check_text)]
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_line(value: str) -> str:
+    """A name or tag is one line of text: no CR, LF or other control character (a log or a header line that
+    shows it must not be split or forged by it)."""
+    if hit := _CONTROL_RE.search(value):
+        raise ValueError(f"contains the control character U+{ord(hit.group()):04X}; names and tags are one line")
+    return value
+
+
+# A name or a tag: storable text on one line.
+Line = Annotated[str, AfterValidator(check_text), AfterValidator(check_line)]
 
 
 # ----------------------------------------------------------------------------------------------- engines
@@ -299,7 +317,7 @@ class ExperimentSpec(Strict):
         },
     )
 
-    name: Text = Field(min_length=1, max_length=200, description="Human-readable experiment name.")
+    name: Line = Field(min_length=1, max_length=200, description="Human-readable experiment name.")
     model: ModelName = Field(description=f"Named Llama-3 shape: {', '.join(MODEL_NAMES)}.")
     num_layers: StrictInt | None = Field(None, ge=1, le=256, description="Override of the shape's layer count.")
     vocab_size: StrictInt | None = Field(
@@ -392,13 +410,16 @@ class ExperimentSpec(Strict):
         ),
     )
     eval_batches: StrictInt = Field(2, ge=1, le=256, description="Batches per evaluation (per data-parallel rank).")
-    data_path: Text | None = Field(
-        None, max_length=1000, description="Pre-tokenized uint16/uint32 token file on the cluster (default: synthetic)."
+    data_path: Annotated[Text, AfterValidator(check_data_path_form)] | None = Field(
+        None,
+        max_length=1000,
+        description=(
+            "Pre-tokenized uint16/uint32 token file, relative to one of the cluster's data_roots (default: the "
+            f"synthetic stream; a cluster without data roots offers only that). Characters: {PATH_CHARS}."
+        ),
     )
     timeout_s: StrictInt = Field(3600, ge=10, le=7 * 24 * 3600, description="Wall-clock limit of one run.")
-    tags: list[Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text)]] = Field(
-        [], max_length=32
-    )
+    tags: list[Annotated[Line, Field(min_length=1, max_length=64)]] = Field([], max_length=32)
 
     @field_validator("gpu_counts")
     @classmethod
@@ -424,16 +445,36 @@ class ExperimentSpec(Strict):
     # the error names its field: `warmup_steps`, not `body`. A field that failed its own validation is absent
     # from info.data; then the rule is skipped (that field's error is reported instead).
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_given_fields(cls, data: Any, handler: Any) -> Any:
+        # which fields the request gave, for messages that say a value was the default (field validators see
+        # only values; an explicit `warmup_steps: 5` and the default 5 are equal)
+        token = _GIVEN_FIELDS.set(frozenset(data) if isinstance(data, dict) else None)
+        try:
+            return handler(data)
+        finally:
+            _GIVEN_FIELDS.reset(token)
+
     @field_validator("warmup_steps")
     @classmethod
     def _warmup_below_steps(cls, v: int, info: ValidationInfo) -> int:
         # validate_default: the default (5) is checked against steps too, and the message says it was the default
         steps = info.data.get("steps")
         if steps is not None and v >= steps:
-            default = " (the default)" if v == cls.model_fields["warmup_steps"].default else ""
+            given = _GIVEN_FIELDS.get()
+            default = " (the default)" if given is not None and "warmup_steps" not in given else ""
             raise ValueError(
                 f"warmup_steps({v}){default} must be below steps({steps}); set warmup_steps between 0 and {steps - 1}"
             )
+        return v
+
+    @field_validator("lr_warmup_steps")
+    @classmethod
+    def _lr_warmup_within_steps(cls, v: int, info: ValidationInfo) -> int:
+        steps = info.data.get("steps")
+        if steps is not None and v > steps:
+            raise ValueError(f"lr_warmup_steps({v}) must be at most steps({steps}); set it between 0 and {steps}")
         return v
 
     @field_validator("seeds")
@@ -511,7 +552,8 @@ class RunSpec(Strict):
     lr_warmup_steps: int = 0
     lr_schedule: Literal["constant", "cosine"] = "constant"
     seed: int = 0
-    data_path: str | None = None
+    data_path: str | None = None  # relative to one of data_roots (core.contracts.data_paths)
+    data_roots: list[str] = []  # the cluster's, when the run was expanded; not in the run key
     eval_every_steps: int = Field(0, ge=0)
     eval_batches: int = Field(2, ge=1)
     device_type: Literal["cpu", "cuda"] = "cpu"
@@ -556,7 +598,9 @@ class RunSpec(Strict):
         profile_steps is left out: profiled steps are not in the throughput figures. Fields added after the
         first schema (engine, eval_*, lr_schedule, vocab_size) enter the hash only when they differ from their
         default, so the key of a run that does not use them is what it always was (history stays comparable)."""
-        payload = self.model_dump(mode="json", exclude={"cluster", "repeat", "timeout_s", "profile_steps"})
+        payload = self.model_dump(
+            mode="json", exclude={"cluster", "repeat", "timeout_s", "profile_steps", "data_roots"}
+        )
         for name, default in _KEY_DEFAULTS.items():
             if payload.get(name) == default:
                 payload.pop(name)

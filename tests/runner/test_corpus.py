@@ -100,7 +100,7 @@ def test_held_out_batches_are_the_val_split_and_fixed(built):
     import torch
 
     out, _ = built
-    spec = make_spec(data_path=str(out / "tiny.bin"), eval_every_steps=4, seq_len=16, local_batch_size=2)
+    spec = make_spec(data_path="tiny.bin", data_roots=[str(out)], eval_every_steps=4, seq_len=16, local_batch_size=2)
     a = make_eval_batches(spec, 2048, 0, torch.device("cpu"))
     b = make_eval_batches(spec.model_copy(update={"seed": 99}), 2048, 0, torch.device("cpu"))
     val = np.fromfile(out / "tiny.val", dtype="<u2")
@@ -115,8 +115,8 @@ def test_eval_loss_in_run_result(built, data):
     from runner.train import run
 
     out, recipe = built
-    data_path = str(out / "tiny.bin") if data == "corpus" else None
-    spec = make_spec(steps=10, warmup_steps=2, eval_every_steps=4, eval_batches=2, seq_len=16, data_path=data_path)
+    where = {"data_path": "tiny.bin", "data_roots": [str(out)]} if data == "corpus" else {}
+    spec = make_spec(steps=10, warmup_steps=2, eval_every_steps=4, eval_batches=2, seq_len=16, **where)
     result = run(spec)
     assert result.status == "succeeded", result.error
     curve = result.numerics.eval_curve

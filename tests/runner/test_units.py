@@ -11,7 +11,7 @@ import torch
 
 from core.analysis.summary import summarize
 from core.catalog.shapes import get_shape
-from runner.data import Batches, MemmapTokens, SyntheticTokens
+from runner.data import Batches, DataOpenError, MemmapTokens, SyntheticTokens
 from runner.env import DeviceInfo, device_info_from, expected_fp8_dtypes, peaks_for
 from runner.failures import InvalidConfig, classify, validate
 from runner.fp8 import (
@@ -192,7 +192,7 @@ def test_memmap_tokens(tmp_path, vocab, dtype):
     window = src.sequence(step=2, index=1, length=17)
     assert window.dtype == torch.int64 and len(window) == 17
     assert torch.equal(window, torch.arange(int(window[0]), int(window[0]) + 17))
-    with pytest.raises(FileNotFoundError, match="data_path"):
+    with pytest.raises(DataOpenError, match="cannot be opened"):
         MemmapTokens(str(tmp_path / "missing.bin"), vocab, seed=0)
 
 
