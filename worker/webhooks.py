@@ -120,7 +120,7 @@ def _post(
         return None, type(exc).__name__  # the class only: the text of a socket error says what listens there
     if 200 <= response.status_code < 300:
         return response.status_code, None
-    return response.status_code, f"HTTP {response.status_code} {response.reason_phrase}"[:MAX_ERROR_CHARS]
+    return response.status_code, f"HTTP {response.status_code}"  # never the receiver's reason phrase: its text
 
 
 def make_client() -> httpx.Client:

@@ -26,7 +26,17 @@ from pydantic import (
 )
 
 from api.schemas.experiments import ExperimentRead, RunBrief
-from core.contracts.specs import ModelName, Precision, ScalingMode, Text, check_engine, check_layout, check_text
+from core.contracts.specs import (
+    Line,
+    ModelName,
+    Precision,
+    ScalingMode,
+    Text,
+    check_engine,
+    check_layout,
+    check_line,
+    check_text,
+)
 from core.engines.logs import LOG_FORMATS
 
 MAX_POINTS = 4096
@@ -157,7 +167,7 @@ class ImportHead(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
-    name: Text = Field(min_length=1, max_length=200)
+    name: Line = Field(min_length=1, max_length=200)
     model: ModelName
     num_layers: int | None = Field(None, ge=1, le=256)
     cluster: Text = Field(
@@ -176,9 +186,9 @@ class ImportHead(BaseModel):
     compile: bool = False
     activation_checkpointing: Literal["none", "full"] = "none"
     fp8_all_gather: bool = False
-    tags: list[Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text)]] = Field(
-        [], max_length=31
-    )
+    tags: list[
+        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text), AfterValidator(check_line)]
+    ] = Field([], max_length=31)
 
 
 class ExperimentImport(ImportHead):

@@ -176,8 +176,15 @@ def environment_diff(good: NightlyValue | None, bad: NightlyValue) -> EnvDiff:
     after = dict(bad.environment)
     extra = sorted((before.keys() | after.keys()) - set(ENV_KEYS))
     keys = [k for k in ENV_KEYS if k in before or k in after] + extra
+    # A key one run did not record (a failed command engine's run records no environment at all) is unknown, not
+    # changed: only a value both runs recorded and that differs is a likely cause.
     changes = [
-        EnvChange(key=k, before=before.get(k), after=after.get(k), changed=_norm(before.get(k)) != _norm(after.get(k)))
+        EnvChange(
+            key=k,
+            before=before.get(k),
+            after=after.get(k),
+            changed=k in before and k in after and _norm(before[k]) != _norm(after[k]),
+        )
         for k in keys
     ]
     changes.sort(key=lambda c: not c.changed)  # stable: keeps ENV_KEYS order within each group
@@ -237,8 +244,11 @@ def _failure_finding(
     good = _last_good(history)
     if good is None:
         return None  # never succeeded: nothing regressed
-    diff = environment_diff(good, _first_bad(history, current, previous_state))
+    bad = _first_bad(history, current, previous_state)
+    diff = environment_diff(good, bad)
     cause = f"; likely cause: {', '.join(diff.likely_cause)}" if diff.likely_cause else ""
+    if not bad.environment:
+        cause = "; the failed run recorded no environment to compare"
     return Finding(
         metric=config.name,
         state="failed",

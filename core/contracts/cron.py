@@ -88,7 +88,7 @@ class Cron:
 def _number(text: str, field: str, lo: int, hi: int) -> int:
     value = NAMES.get(field, {}).get(text.lower())
     if value is None:
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise CronError(field, f"{text!r} is not a number ({lo}-{hi}); forms: {FORMS}")
         value = int(text)
     if not lo <= value <= hi:
@@ -100,8 +100,9 @@ def _part(part: str, field: str, lo: int, hi: int) -> set[int]:
     base, _, step_text = part.partition("/")
     step = 1
     if step_text:
-        if not step_text.isdigit() or int(step_text) < 1:
-            raise CronError(field, f"step {step_text!r} must be a positive number")
+        # ASCII digits only ('²'.isdigit() is true but int() refuses it); a step beyond the field's span is a typo
+        if not (step_text.isascii() and step_text.isdigit()) or not 1 <= int(step_text) <= hi - lo + 1:
+            raise CronError(field, f"step {step_text[:40]!r} must be a number from 1 to {hi - lo + 1}")
         step = int(step_text)
     if base == "*":
         start, end = lo, hi

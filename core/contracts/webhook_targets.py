@@ -92,6 +92,8 @@ def address_problem(ip: IPAddress) -> str | None:
         ("a multicast", ip.is_multicast),
         ("a private", ip.is_private),
         ("a reserved", ip.is_reserved),
+        # fec0::/10, deprecated by RFC 3879 but still routed inside some sites; Python counts it as global
+        ("a site-local", isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local),
     ):
         if hit:
             return f"{what} address"
@@ -126,7 +128,7 @@ def parse_target(url: str) -> Target:
             "X-Scalebench-Signature header instead"
         )
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port if parts.port is not None else (443 if parts.scheme == "https" else 80)  # :0 stays 0
     except ValueError:
         raise TargetRefused(f"{parts.netloc[:200]!r} has no valid port (1-65535)") from None
     if not 1 <= port <= 65535:

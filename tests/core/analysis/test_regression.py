@@ -153,6 +153,18 @@ def test_failure_after_success_is_a_regression():
     assert findings[6].env_diff.good_run_id == "run-5" and findings[7].env_diff.bad_run_id == "run-6"
 
 
+def test_a_failed_run_without_an_environment_names_no_likely_cause():
+    """A command engine's failed run records no environment: its keys are unknown, not the likely cause."""
+    history = [night(i, 10000.0) for i in range(6)]
+    finding = evaluate(history, night(6, None, status="failed", env={}), None, TPS)
+    assert finding is not None and finding.state == "failed"
+    assert finding.env_diff.likely_cause == []
+    assert "likely cause" not in finding.message and "recorded no environment" in finding.message, finding.message
+    # a failed run that did record its environment still names what changed
+    changed = evaluate(history, night(6, None, status="failed", env={**ENV, "torch_version": "2.14.0"}), None, TPS)
+    assert changed.env_diff.likely_cause == ["torch_version"] and "likely cause: torch_version" in changed.message
+
+
 def test_failure_without_prior_success_is_not():
     assert replay([None, None])[0] == [None, None]
     assert evaluate([], night(0, None, status="running"), None, TPS) is None

@@ -42,6 +42,10 @@ def test_fields_parse(expr, field, expected):
         ("* * * 13 *", "month"),
         ("* * * * 8", "day_of_week"),
         ("*/0 * * * *", "minute"),
+        ("*/100000000000000000000 * * * *", "minute"),  # a step of 10^20 was accepted
+        ("* */25 * * *", "hour"),
+        ("*/² * * * *", "minute"),  # a digit to str.isdigit, not to int()
+        ("² * * * *", "minute"),
         ("5-1 * * * *", "minute"),
         ("a * * * *", "minute"),
         ("1,,2 * * * *", "minute"),

@@ -88,3 +88,38 @@ def test_result_status_needs_error_or_summary():
         RunResult(run_key="k", status="failed")
     ok = RunResult(run_key="k", status="failed", error={"kind": "oom", "message": "out of memory"})
     assert RunResult.model_validate_json(ok.model_dump_json()) == ok
+
+
+def _error_on(field: str, **kw) -> str:
+    with pytest.raises(ValidationError) as exc:
+        ExperimentSpec(**(BASE | kw))
+    errors = [e for e in exc.value.errors() if e["loc"][:1] == (field,)]
+    assert errors, exc.value.errors()
+    return errors[0]["msg"]
+
+
+def test_warmup_steps_is_called_the_default_only_when_it_was_left_out() -> None:
+    assert "(the default)" in _error_on("warmup_steps", steps=5)
+    explicit = _error_on("warmup_steps", steps=5, warmup_steps=5)
+    assert "(the default)" not in explicit and "warmup_steps(5) must be below steps(5)" in explicit
+    assert (
+        "(the default)"
+        not in ExperimentSpec.model_validate_json(
+            '{"name": "e", "model": "debug", "gpu_counts": [1], "precisions": ["bf16"], "steps": 6}'
+        ).model_dump_json()
+    )
+
+
+def test_lr_warmup_steps_beyond_steps_is_refused() -> None:
+    assert "lr_warmup_steps(100000) must be at most steps(6)" in _error_on(
+        "lr_warmup_steps", steps=6, warmup_steps=1, lr_warmup_steps=100000
+    )
+    assert ExperimentSpec(**(BASE | {"steps": 6, "warmup_steps": 1, "lr_warmup_steps": 6})).lr_warmup_steps == 6
+
+
+@pytest.mark.parametrize("bad", ["a\rb", "a\nb", "line\r\nInjected: yes", "tab\there", "del\x7f"])
+def test_names_and_tags_are_one_line(bad: str) -> None:
+    assert "control character" in _error_on("name", name=bad)
+    with pytest.raises(ValidationError) as exc:
+        ExperimentSpec(**(BASE | {"tags": ["ok", bad]}))
+    assert [e["loc"] for e in exc.value.errors()] == [("tags", 1)]

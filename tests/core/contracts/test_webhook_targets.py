@@ -58,6 +58,10 @@ MORE_INSIDE = [
     "http://[::ffff:7f00:1]:6379/",
     "https://hooks.example.com@127.0.0.1/",
     "http://127.0.0.1\\@hooks.example.com/",
+    "http://[fec0::1]/",  # site-local (deprecated, RFC 3879): Python calls it global
+    "http://[fec0::1]:8080/hook",
+    "http://hooks.example.com:0/",  # port 0 was taken as 80
+    "https://8.8.8.8:0/",
 ]
 PUBLIC = [
     "https://hooks.example.com/services/T0/B0/X",
@@ -222,7 +226,7 @@ def test_any_ipv6_address_is_refused_unless_public(ip: ipaddress.IPv6Address) ->
 class Receiver:
     """A real HTTP server on 127.0.0.1 answering `status` (with `headers`) and a long body; keeps requests."""
 
-    def __init__(self, status: int = 200, headers: dict[str, str] | None = None):
+    def __init__(self, status: int = 200, headers: dict[str, str] | None = None, reason: str | None = None):
         self.requests: list[dict[str, str]] = []
         receiver = self
 
@@ -230,7 +234,7 @@ class Receiver:
             def do_POST(self) -> None:  # http.server names the method
                 self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.requests.append(dict(self.headers))
-                self.send_response(status)
+                self.send_response(status, reason)
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
@@ -252,8 +256,8 @@ class Receiver:
 def receivers() -> Iterator:
     made: list[Receiver] = []
 
-    def make(status: int = 200, headers: dict[str, str] | None = None) -> Receiver:
-        made.append(Receiver(status, headers))
+    def make(status: int = 200, headers: dict[str, str] | None = None, reason: str | None = None) -> Receiver:
+        made.append(Receiver(status, headers, reason))
         return made[-1]
 
     yield make
@@ -294,14 +298,16 @@ def test_redirects_are_not_followed_and_a_failure_stores_a_status_line(pg_sessio
     inside = receivers()
     redirect = receivers(302, {"Location": f"http://127.0.0.1:{inside.port}/steal"})
     failing = receivers(500)
+    talking = receivers(503, reason="postgres 16.4 on 10.0.0.7 is down")  # the receiver's own reason phrase
     _hook(
         pg_session_factory,
         f"http://127.0.0.1:{redirect.port}/r",
         f"http://127.0.0.1:{failing.port}/f",
+        f"http://127.0.0.1:{talking.port}/t",
         allow_private=True,
     )
     outcomes = deliver_due(pg_session_factory, NOW, allow_private=True)
-    assert sorted(o.error for o in outcomes) == ["HTTP 302 Found", "HTTP 500 Internal Server Error"]
+    assert sorted(o.error for o in outcomes) == ["HTTP 302", "HTTP 500", "HTTP 503"]  # the status line, no phrase
     assert inside.requests == []
     with pg_session_factory() as s:
         for d in s.query(WebhookDelivery):
