@@ -28,6 +28,7 @@ import httpx
 from core.contracts.clusters import load_clusters
 from core.settings import Settings
 from osutil import procs
+from osutil.private import private_dir, private_umask
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +119,11 @@ class Stack:
         return self.settings.data_dir / "token"
 
     def migrate(self) -> None:
-        self.settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # holds the database and token
+        # The API, worker and scheduler inherit umask 077: runs/, logs/ and broker/ and their files are the
+        # operator's only (osutil.private); the data dir holds the database and the token.
+        private_umask()
+        private_dir(self.settings.data_dir)
+        private_dir(self.settings.runs_dir)
         proc = subprocess.run(
             [sys.executable, "-m", "alembic", "upgrade", "head"],
             cwd=REPO_ROOT,
@@ -130,7 +135,7 @@ class Stack:
             raise RuntimeError(f"alembic upgrade head failed:\n{proc.stderr[-3000:]}")
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
         self.commands[name] = args
         with (self.log_dir / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 
+from osutil.private import private_umask
 from worker.queue import make_celery
 
+private_umask()  # run directories, logs and result files: the worker's user's only (osutil.private)
 app = make_celery(include=["worker.tasks"])
 logging.getLogger("worker").setLevel(logging.INFO)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.settings import Settings
 from db import outbox
 from db.base import utcnow
+from osutil.private import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,9 @@ def filesystem_broker_dirs(settings: Settings) -> dict[str, Path]:
 def _transport(settings: Settings) -> tuple[str, dict]:
     if settings.broker_is_filesystem:
         dirs = filesystem_broker_dirs(settings)
+        private_dir(dirs["queue"].parent)  # queued task bodies: its owner's only (osutil.private)
         for d in dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
+            private_dir(d)
         # Producers write and consumers read the same folder; control_folder enables fanout (remote control).
         return "filesystem://", {
             "data_folder_in": str(dirs["queue"]),

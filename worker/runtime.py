@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.contracts.clusters import Cluster, load_clusters
 from core.settings import Settings
 from db.session import make_engine, make_session_factory
+from osutil.private import private_dir
 from worker.launchers.base import Launcher
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,10 @@ class Runtime:
         """Where the files of one claim of a run live: the cluster's shared directory for Slurm, else the local
         runs dir, then run-N/lease-K. One directory per claim, so that a sweep of one attempt (processes
         whose argv names its spec.json) never matches another attempt's processes."""
-        base = Path(cluster.slurm.shared_dir) if cluster.slurm and cluster.slurm.shared_dir else self.settings.runs_dir
+        if cluster.slurm and cluster.slurm.shared_dir:
+            base = Path(cluster.slurm.shared_dir)
+        else:
+            base = private_dir(self.settings.runs_dir)  # run directories under it are the worker's only
         return (base / f"run-{run_id}" / f"lease-{lease_id}").resolve()
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -70,6 +71,19 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _assert_private(data_dir: Path) -> None:
+    """runs/, logs/ and broker/ under the data dir and everything in them: the operator's only."""
+    checked = 0
+    for name in ("runs", "logs", "broker"):
+        top = data_dir / name
+        assert top.is_dir(), name
+        for path in [top, *top.rglob("*")]:
+            mode = path.stat().st_mode & 0o777
+            assert mode == (0o700 if path.is_dir() else 0o600), (str(path), oct(mode))
+            checked += 1
+    assert checked > 6
+
+
 @pytest.mark.slow
 def test_up_runs_an_experiment_end_to_end_and_stops_cleanly(tmp_path: Path) -> None:
     env = {
@@ -108,7 +122,10 @@ def test_up_runs_an_experiment_end_to_end_and_stops_cleanly(tmp_path: Path) -> N
         assert len(children) == 3  # api, worker, scheduler
 
         spec = tmp_path / "spec.yaml"
-        spec.write_text(yaml.safe_dump({"name": "up test", "precisions": ["fp32"], "gpu_counts": [1], **TINY}))
+        # `lr: 3e-4` as people write it: a string in YAML 1.1 (a 422), a number in YAML 1.2 (cli.runs.Yaml12Loader)
+        spec.write_text(
+            yaml.safe_dump({"name": "up test", "precisions": ["fp32"], "gpu_counts": [1], **TINY}) + "lr: 3e-4\n"
+        )
         submitted = subprocess.run(
             [*cli, "submit", str(spec), "--wait"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
         )
@@ -118,6 +135,9 @@ def test_up_runs_an_experiment_end_to_end_and_stops_cleanly(tmp_path: Path) -> N
         assert shown.returncode == 0 and "succeeded" in shown.stdout
         logs = subprocess.run([*cli, "logs", "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert logs.returncode == 0 and "step 3/3" in logs.stdout
+        stored = httpx.get(f"http://127.0.0.1:{port}/experiments/1", timeout=10).json()
+        assert stored["spec"]["lr"] == 3e-4, stored["spec"]
+        _assert_private(tmp_path / "data")
     finally:
         t0 = time.monotonic()
         up.send_signal(signal.SIGTERM)
