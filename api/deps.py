@@ -1,5 +1,8 @@
 """Annotated dependencies: the request's session, app state (settings, celery, clusters), and auth.
 
+Auth: reads are open unless settings.require_read_token; writes need a token (WriteAuth): a `submit` token writes
+experiments, suites, imports and regressions; tokens and webhooks need an `admin` token (AdminAuth).
+
 The session is owned by the request: opened here, closed after the response; endpoints commit.
 """
 
@@ -155,6 +158,15 @@ async def reader(
     return Reader(session, authorization)
 
 
+def require_admin(token: Annotated[ApiToken, Depends(require_token)]) -> ApiToken:
+    """Tokens and webhooks: a valid token of role admin, else 403 naming the role it needs."""
+    if token.role != "admin":
+        message = f"this needs an admin token; token {token.id} ({token.name!r}) is {token.role}"
+        raise ProblemError(403, message, [FieldError(field="header.Authorization", message=message, allowed=["admin"])])
+    return token
+
+
 WriteAuth = Annotated[ApiToken, Depends(require_token)]
+AdminAuth = Annotated[ApiToken, Depends(require_admin)]
 ReadAuth = Annotated[ApiToken | None, Depends(read_access)]
 ReaderAuth = Annotated[Reader, Depends(reader)]

@@ -38,10 +38,11 @@ STABLE_S = 60.0  # a child that ran this long before it died starts its back-off
 MAX_QUICK_DEATHS = 5  # deaths in a row, each within STABLE_S of its start, before the stack gives up
 
 
-def create_local_token(name: str, env: dict[str, str] | None = None) -> str:
-    """A new token on the configured database (SCALEBENCH_DATABASE_URL); raises RuntimeError on failure."""
+def create_local_token(name: str, env: dict[str, str] | None = None, role: str = "admin") -> str:
+    """A new token on the configured database (SCALEBENCH_DATABASE_URL), admin unless asked otherwise (the
+    operator's); raises RuntimeError on failure."""
     proc = subprocess.run(
-        [sys.executable, "-m", "db.admin", "create-token", "--name", name],
+        [sys.executable, "-m", "db.admin", "create-token", "--name", name, "--role", role],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

@@ -11,6 +11,7 @@ An experiment's status is derived from its runs (never stored), in SQL so that l
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,12 @@ def create_experiment(
 
 def get_experiment(session: Session, experiment_id: int) -> Experiment | None:
     return session.get(Experiment, experiment_id)
+
+
+def scoped_idempotency_key(token_id: int, key: str) -> str:
+    """What is stored for a client's Idempotency-Key: the key of one token (another token's same key is another
+    request: it never gets this token's experiment back), hashed to a fixed length."""
+    return f"t{token_id}:" + hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()
 
 
 def find_by_idempotency_key(session: Session, key: str) -> Experiment | None:

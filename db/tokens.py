@@ -1,6 +1,7 @@
 """API tokens: only the sha256 of a token is stored; the plain token is shown once, at creation. A token
 is listed by name and prefix (its first characters) and revoked by id; a revoked token authenticates nothing.
-Functions never commit.
+Each has a role (db.models.TOKEN_ROLES, lowest first): `submit` or `admin`; a token cannot revoke one of a
+higher role. Functions never commit.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from db.base import utcnow
-from db.models import ApiToken
+from db.models import TOKEN_ROLES, ApiToken
 
 TOKEN_PREFIX = "sb_"
 PREFIX_CHARS = 11  # "sb_" and 8 random characters: enough to tell tokens apart, far too few to guess one
@@ -24,10 +25,20 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
 
 
-def create_token(session: Session, name: str = "default") -> tuple[str, ApiToken]:
+class RoleError(ValueError):
+    """A token may not do this to another of a higher role."""
+
+
+def role_rank(role: str) -> int:
+    return TOKEN_ROLES.index(role) if role in TOKEN_ROLES else -1
+
+
+def create_token(session: Session, name: str = "default", role: str = "submit") -> tuple[str, ApiToken]:
     """A new random token (returned in plain text once) and its stored row (hash and prefix only)."""
+    if role not in TOKEN_ROLES:
+        raise ValueError(f"role {role!r} is not one of: {', '.join(TOKEN_ROLES)}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken(name=name, token_hash=hash_token(token), prefix=token[:PREFIX_CHARS], created_at=utcnow())
+    row = ApiToken(name=name, token_hash=hash_token(token), prefix=token[:PREFIX_CHARS], created_at=utcnow(), role=role)
     session.add(row)
     session.flush()
     return token, row
@@ -50,11 +61,14 @@ def list_tokens(session: Session) -> list[ApiToken]:
     return list(session.scalars(sa.select(ApiToken).where(ApiToken.revoked_at.is_(None)).order_by(ApiToken.id)))
 
 
-def revoke_token(session: Session, token_id: int) -> ApiToken | None:
-    """Revoke a token; None when no token with that id still authenticates."""
+def revoke_token(session: Session, token_id: int, by: ApiToken | None = None) -> ApiToken | None:
+    """Revoke a token; None when no token with that id still authenticates. RoleError when `by` (the token
+    asking; None: the operator on the server) has a lower role than the token it revokes."""
     row = session.get(ApiToken, token_id)
     if row is None or row.revoked_at is not None:
         return None
+    if by is not None and role_rank(row.role) > role_rank(by.role):
+        raise RoleError(f"a {by.role} token cannot revoke token {token_id}, which is {row.role}")
     row.revoked_at = utcnow()
     session.flush()
     return row

@@ -195,7 +195,7 @@ def api_token(pg_session_factory: sessionmaker[Session]) -> str:
     from db.tokens import create_token
 
     with session_scope(pg_session_factory) as session:
-        token, _ = create_token(session, "tests")
+        token, _ = create_token(session, "tests", role="admin")  # the operator's, as `scalebench up` makes it
     return token
 
 

@@ -161,7 +161,7 @@ def create_experiment(
     session: SessionDep,
     celery: CeleryDep,
     clusters: ClustersDep,
-    _auth: WriteAuth,
+    auth: WriteAuth,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -170,8 +170,9 @@ def create_experiment(
             min_length=1,
             max_length=4 * MAX_IDEMPOTENCY_KEY_CHARS,
             pattern=NO_CONTROL_CHARS,
-            description=f"Repeat-safe creation: the same key and body return the same experiment; the same key with "
-            f"another body is a 409. UTF-8, at most {MAX_IDEMPOTENCY_KEY_CHARS} characters.",
+            description=f"Repeat-safe creation: the same key and body from the same token return the same experiment; "
+            f"the same key with another body is a 409 (keys are per token). UTF-8, at most "
+            f"{MAX_IDEMPOTENCY_KEY_CHARS} characters.",
         ),
     ] = None,
 ) -> Any:
@@ -179,7 +180,9 @@ def create_experiment(
     reasons), stores the experiment and its runs, commits, then publishes one message per run on the
     cluster's queue. If the broker is down the response says `dispatched: false` and a background
     dispatcher publishes the runs later."""
-    idempotency_key = _idempotency_key(idempotency_key)
+    client_key = _idempotency_key(idempotency_key)
+    # per token: another token sending the same key makes its own experiment
+    idempotency_key = db.experiments.scoped_idempotency_key(auth.id, client_key) if client_key else None
     cluster = _cluster(spec, clusters)
     request_hash = _request_hash(spec)
     if idempotency_key and (existing := db.experiments.find_by_idempotency_key(session, idempotency_key)):

@@ -1,21 +1,22 @@
 """API tokens: list (name, prefix, created, last used; never the token nor its hash), create, revoke.
 
-Every endpoint needs a token: the first one is made on the server (`python -m db.admin create-token`).
-A revoked token gets 401 from then on; revoking the token of the request itself is allowed.
+Listing and creating need an admin token: the first one is made on the server (`python -m db.admin create-token`,
+admin). Any token may revoke one of its own role or lower (its own too), never one of a higher role (403). A
+revoked token gets 401 from then on.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 import db.tokens
-from api.deps import SessionDep, TokenId, WriteAuth
+from api.deps import AdminAuth, SessionDep, TokenId, WriteAuth
 from api.guard import GuardedRoute
-from api.problems import WRITE_RESPONSES, found
+from api.problems import WRITE_RESPONSES, FieldError, ProblemError, found
 from core.contracts.specs import Text
 from db.models import ApiToken
 
@@ -32,6 +33,10 @@ class TokenCreate(BaseModel):
         pattern=NO_CONTROL_CHARS,
         description="A label: who or what uses the token.",
     )
+    role: Literal["submit", "admin"] = Field(
+        "submit",
+        description="submit: experiments, suites, imports, regressions; admin: also tokens and webhooks.",
+    )
 
 
 class TokenRead(BaseModel):
@@ -44,6 +49,7 @@ class TokenRead(BaseModel):
     created_at: datetime
     last_used_at: datetime | None = Field(description="Resolution: one minute.")
     revoked_at: datetime | None = None
+    role: str = Field(description="submit or admin.")
 
 
 class TokenCreated(TokenRead):
@@ -56,15 +62,15 @@ class TokenCreated(TokenRead):
     responses=WRITE_RESPONSES,
     summary="Tokens that still authenticate (name, prefix, created, last used)",
 )
-def list_tokens(session: SessionDep, _auth: WriteAuth) -> Any:
+def list_tokens(session: SessionDep, _auth: AdminAuth) -> Any:
     return db.tokens.list_tokens(session)
 
 
 @router.post(
     "", status_code=201, response_model=TokenCreated, responses=WRITE_RESPONSES, summary="Create a token (shown once)"
 )
-def create_token(body: TokenCreate, session: SessionDep, _auth: WriteAuth, response: Response) -> Any:
-    token, row = db.tokens.create_token(session, body.name)
+def create_token(body: TokenCreate, session: SessionDep, _auth: AdminAuth, response: Response) -> Any:
+    token, row = db.tokens.create_token(session, body.name, body.role)
     session.commit()
     response.headers["Location"] = f"/tokens/{row.id}"
     return TokenRead.model_validate(row).model_dump() | {"token": token}
@@ -76,7 +82,13 @@ def create_token(body: TokenCreate, session: SessionDep, _auth: WriteAuth, respo
     responses=WRITE_RESPONSES,
     summary="Revoke a token: it gets 401 from then on",
 )
-def revoke_token(token_id: TokenId, session: SessionDep, _auth: WriteAuth) -> ApiToken:
-    row = found(db.tokens.revoke_token(session, token_id), "token", token_id)
+def revoke_token(token_id: TokenId, session: SessionDep, auth: WriteAuth) -> ApiToken:
+    try:
+        revoked = db.tokens.revoke_token(session, token_id, by=auth)
+    except db.tokens.RoleError as exc:
+        raise ProblemError(
+            403, str(exc), [FieldError(field="token_id", message=str(exc), allowed=[f"tokens of role {auth.role}"])]
+        ) from exc
+    row = found(revoked, "token", token_id)
     session.commit()
     return row

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Query, Response
 
 import db.webhooks
-from api.deps import SessionDep, SettingsDep, WebhookId, WriteAuth
+from api.deps import AdminAuth, SessionDep, SettingsDep, WebhookId
 from api.guard import GuardedRoute
 from api.problems import PROBLEM_RESPONSES, WRITE_RESPONSES, FieldError, ProblemError, found
 from api.schemas.nightly import DeliveryRead, WebhookCreate, WebhookCreated, WebhookRead, WebhookUpdate
@@ -55,7 +55,7 @@ def _problem(exc: db.webhooks.WebhookError) -> ProblemError:
     summary="Register a webhook (the secret is returned once)",
 )
 def create_webhook(
-    body: WebhookCreate, session: SessionDep, settings: SettingsDep, token: WriteAuth, response: Response
+    body: WebhookCreate, session: SessionDep, settings: SettingsDep, token: AdminAuth, response: Response
 ) -> Any:
     try:
         hook = db.webhooks.create_webhook(
@@ -76,7 +76,7 @@ def create_webhook(
 
 
 @router.get("", response_model=list[WebhookRead], responses=PROBLEM_RESPONSES, summary="List webhooks (token)")
-def list_webhooks(session: SessionDep, _auth: WriteAuth) -> Any:
+def list_webhooks(session: SessionDep, _auth: AdminAuth) -> Any:
     return [webhook_read(h) for h in db.webhooks.list_webhooks(session)]
 
 
@@ -86,7 +86,7 @@ def list_webhooks(session: SessionDep, _auth: WriteAuth) -> Any:
     responses=WRITE_RESPONSES,
     summary="Enable or disable a webhook, or change its events",
 )
-def update_webhook(webhook_id: WebhookId, body: WebhookUpdate, session: SessionDep, _auth: WriteAuth) -> Any:
+def update_webhook(webhook_id: WebhookId, body: WebhookUpdate, session: SessionDep, _auth: AdminAuth) -> Any:
     hook = found(db.webhooks.get_webhook(session, webhook_id), "webhook", webhook_id)
     try:
         db.webhooks.update_webhook(session, hook, enabled=body.enabled, events=body.events)
@@ -99,7 +99,7 @@ def update_webhook(webhook_id: WebhookId, body: WebhookUpdate, session: SessionD
 @router.delete(
     "/{webhook_id}", status_code=204, responses=PROBLEM_RESPONSES, summary="Delete a webhook and its delivery log"
 )
-def delete_webhook(webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth) -> Response:
+def delete_webhook(webhook_id: WebhookId, session: SessionDep, _auth: AdminAuth) -> Response:
     db.webhooks.delete_webhook(session, found(db.webhooks.get_webhook(session, webhook_id), "webhook", webhook_id))
     session.commit()
     return Response(status_code=204)
@@ -112,7 +112,7 @@ def delete_webhook(webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth)
     summary="Delivery log of a webhook, newest first (every attempt with its status code or error; token)",
 )
 def list_deliveries(
-    webhook_id: WebhookId, session: SessionDep, _auth: WriteAuth, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    webhook_id: WebhookId, session: SessionDep, _auth: AdminAuth, limit: Annotated[int, Query(ge=1, le=500)] = 100
 ) -> Any:
     found(db.webhooks.get_webhook(session, webhook_id), "webhook", webhook_id)
     return db.webhooks.list_deliveries(session, webhook_id, limit)

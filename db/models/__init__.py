@@ -33,13 +33,14 @@ from db.models.suites import (
     SuiteEvaluation,
     SuiteFiring,
 )
-from db.models.tokens import ApiToken
+from db.models.tokens import TOKEN_ROLES, ApiToken
 from db.models.webhooks import DEFAULT_WEBHOOK_EVENTS, DELIVERY_STATUSES, WEBHOOK_EVENTS, Webhook, WebhookDelivery
 
 __all__ = [
     "ACTIVE_STATUSES",
     "ApiToken",
     "CONCURRENCY_POLICIES",
+    "TOKEN_ROLES",
     "DEFAULT_CONCURRENCY_POLICY",
     "DEFAULT_MAX_QUEUED_RUNS",
     "DEFAULT_SCHEDULE",
