@@ -31,11 +31,10 @@ from core.contracts.specs import (
     ModelName,
     Precision,
     ScalingMode,
+    Tag,
     Text,
     check_engine,
     check_layout,
-    check_line,
-    check_text,
 )
 from core.engines.logs import LOG_FORMATS
 
@@ -186,9 +185,7 @@ class ImportHead(BaseModel):
     compile: bool = False
     activation_checkpointing: Literal["none", "full"] = "none"
     fp8_all_gather: bool = False
-    tags: list[
-        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text), AfterValidator(check_line)]
-    ] = Field([], max_length=31)
+    tags: list[Tag] = Field([], max_length=31)
 
 
 class ExperimentImport(ImportHead):

@@ -178,6 +178,8 @@ def check_line(value: str) -> str:
 
 # A name or a tag: storable text on one line.
 Line = Annotated[str, AfterValidator(check_text), AfterValidator(check_line)]
+# A tag: a Line of 1 to 64 characters (the lengths first, so that their error is the one a long tag gets).
+Tag = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_text), AfterValidator(check_line)]
 
 
 # ----------------------------------------------------------------------------------------------- engines
@@ -419,7 +421,7 @@ class ExperimentSpec(Strict):
         ),
     )
     timeout_s: StrictInt = Field(3600, ge=10, le=7 * 24 * 3600, description="Wall-clock limit of one run.")
-    tags: list[Annotated[Line, Field(min_length=1, max_length=64)]] = Field([], max_length=32)
+    tags: list[Tag] = Field([], max_length=32)
 
     @field_validator("gpu_counts")
     @classmethod

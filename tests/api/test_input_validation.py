@@ -284,7 +284,7 @@ def test_tokens_are_listed_created_and_revoked_over_http(client, anon_client, ap
     assert listed.status_code == 200
     assert [t["name"] for t in listed.json()] == ["tests", "ci"]
     assert created["token"] not in listed.text and "hash" not in listed.text
-    assert set(listed.json()[1]) == {"id", "name", "prefix", "created_at", "last_used_at", "revoked_at"}
+    assert set(listed.json()[1]) == {"id", "name", "prefix", "created_at", "last_used_at", "revoked_at", "role"}
     ci = {"Authorization": f"Bearer {created['token']}"}
     assert anon_client.post("/experiments/1/cancel", headers=ci).status_code == 404  # valid: reaches the route
     revoked = client.delete(f"/tokens/{created['id']}")
