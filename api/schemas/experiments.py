@@ -142,6 +142,11 @@ class ClusterRead(BaseModel):
         "scalebench, torchtitan, command:<name>. A command "
         "engine's command line is the operator's and is not shown.",
     )
+    data_roots: list[str] = Field(
+        [],
+        description="Directories whose regular files a spec's data_path may name, relative to one (none: the "
+        "synthetic stream only).",
+    )
 
 
 # ------------------------------------------------------------------------------------------- builders
@@ -289,4 +294,5 @@ def cluster_read(c: Cluster) -> ClusterRead:
         launcher=c.launcher,
         queue=c.queue_name,
         engines=engine_names(c),
+        data_roots=c.data_roots,
     )

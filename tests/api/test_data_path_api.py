@@ -70,6 +70,11 @@ def test_a_path_of_the_wrong_form_is_a_422_naming_data_path(client, path) -> Non
     assert fields == ["data_path"]
 
 
+def test_clusters_list_their_data_roots(client, root) -> None:
+    roots = {c["name"]: c["data_roots"] for c in client.get("/clusters").json()}
+    assert roots == {"data": [str(root)], "local-cpu": []}
+
+
 def test_a_cluster_without_roots_takes_no_data_path(client) -> None:
     fields, message = _problem(client.post("/experiments", json=BODY | {"data_path": "sub/corpus.bin"}))
     assert fields == ["data_path"] and "synthetic stream only" in message
