@@ -10,7 +10,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from db.base import Base, enum_check, utcnow
 
 # Roles, lowest first: `submit` writes experiments, suites, imports and regressions; `admin` also manages tokens
-# and webhooks (where the service sends data). Tokens made before roles existed are admin (migration 0010).
+# and webhooks (where the service sends data). Tokens made before roles existed are admin (migration 0013).
 TOKEN_ROLES: tuple[str, ...] = ("submit", "admin")
 
 

@@ -5,8 +5,8 @@ keep that as `admin`; tokens made through POST /tokens are `submit` unless asked
 are scoped per token from now on (the API stores a token's key as t<token id>:<sha256>); earlier keys stay
 stored as they were and no longer match a new request, which only makes a repeat create a new experiment.
 
-Revision ID: 0010_token_roles
-Revises: 0009_hardening
+Revision ID: 0013_token_roles
+Revises: 0012_curve_digests
 Create Date: 2026-12-04 17:00:00
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010_token_roles"
-down_revision: str | Sequence[str] | None = "0009_hardening"
+revision: str = "0013_token_roles"
+down_revision: str | Sequence[str] | None = "0012_curve_digests"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
