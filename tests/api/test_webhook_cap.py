@@ -19,7 +19,7 @@ def test_a_token_owns_at_most_the_cap_of_webhooks(client, make_client, pg_sessio
     [err] = over.json()["errors"]
     assert err["field"] == "url" and f"the cap is {MAX_WEBHOOKS_PER_TOKEN} webhooks per token" in err["message"]
     with session_scope(pg_session_factory) as s:
-        other_token, _ = create_token(s, "other team")
+        other_token, _ = create_token(s, "other team", role="admin")  # webhooks need an admin token
     other = make_client()
     other.headers["Authorization"] = f"Bearer {other_token}"
     assert other.post("/webhooks", json={"url": "https://hooks.example.com/other"}).status_code == 201
