@@ -103,10 +103,12 @@ class Up:
         return httpx.get(f"{self.url}/runs/{run_id}", timeout=10).json()
 
     def wait_stepping(self, run_id: int, min_step: int = 1) -> None:
-        log = self.data / "runs" / f"run-{run_id}" / "log.txt"
+        run_dir = self.data / "runs" / f"run-{run_id}"
 
         def stepped() -> bool:
-            text = log.read_text(errors="replace") if log.is_file() else ""
+            # each claim has its own directory, run-N/lease-K: the newest is the attempt in progress
+            logs = sorted(run_dir.glob("lease-*/log.txt"), key=lambda p: int(p.parent.name.removeprefix("lease-")))
+            text = logs[-1].read_text(errors="replace") if logs else ""
             launches = text.split("[scalebench]")[1:]
             return bool(launches) and any(int(n) >= min_step for n in re.findall(r"step (\d+)/", launches[-1]))
 
