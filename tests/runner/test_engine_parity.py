@@ -42,7 +42,7 @@ def parity(tmp_path_factory) -> tuple[dict, object]:
     data = root / "tokens.bin"
     vocab = get_shape("debug").vocab_size
     np.random.default_rng(3).integers(0, vocab, size=5000, dtype=np.uint16).tofile(data)
-    spec = make_spec("bf16", "fsdp", 2, data_path=str(data), seed=SEED, local_batch_size=2)
+    spec = make_spec("bf16", "fsdp", 2, data_path=data.name, data_roots=[str(root)], seed=SEED, local_batch_size=2)
     request = {
         "parity": {
             "model": spec.model,
