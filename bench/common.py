@@ -1,10 +1,12 @@
 """What the service benchmarks share: a fresh Postgres database built by the migrations, a uvicorn server
-on a free loopback port, and the version line every recorded result carries."""
+on a free loopback port, the whole embedded stack (`scalebench up`) for the GPU-node benchmarks, and the version
+line every recorded result carries."""
 
 from __future__ import annotations
 
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -115,3 +117,38 @@ def versions() -> str:
         f"uvicorn {uvicorn.__version__}, sqlalchemy {sa.__version__}, psycopg {psycopg.__version__}, "
         f"httpx {httpx.__version__}, postgresql {pg_version}"
     )
+
+
+def start_stack(env: dict[str, str], port: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`scalebench up` on `port` with `env` (its own process group), once it answers /healthz and has written
+    its token: (the process, the token)."""
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "up", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url, token_file = f"http://127.0.0.1:{port}", Path(env["SCALEBENCH_DATA_DIR"]) / "token"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"scalebench up exited:\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200 and token_file.is_file():
+                return proc, token_file.read_text().strip()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"scalebench up did not answer within 120 s:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_stack(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import start_stack, stop_stack  # noqa: E402
 from core.analysis.numerics import RunLosses, loss_verdict, short_verdict  # noqa: E402
 from core.analysis.time_to_loss import short_effective, time_to_loss  # noqa: E402
 
@@ -99,39 +99,6 @@ def experiment_spec(args: argparse.Namespace) -> dict:
             "vocab_size": corpus_vocab(args.data),
         }
     return spec
-
-
-def start_stack(env: dict[str, str], port: int, log_path: Path) -> tuple[subprocess.Popen, str]:
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url, token_file = f"http://127.0.0.1:{port}", Path(env["SCALEBENCH_DATA_DIR"]) / "token"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"scalebench up exited:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200 and token_file.is_file():
-                return proc, token_file.read_text().strip()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"scalebench up did not answer within 120 s:\n{log_path.read_text()[-3000:]}")
-
-
-def stop_stack(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def wait_or_cancel(client: httpx.Client, exp_id: int, deadline: float) -> dict:
