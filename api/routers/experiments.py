@@ -26,6 +26,7 @@ from api.schemas.experiments import (
     encode_cursor,
     experiment_brief,
     experiment_read,
+    run_briefs,
     skipped_read,
 )
 from core.contracts.clusters import Cluster
@@ -203,20 +204,7 @@ def create_experiment(
     session.commit()
     response.headers["Location"] = f"/experiments/{exp.id}"
     counts = {s: 0 for s in RUN_STATUSES} | {"queued": len(run_ids)}
-    briefs = [
-        RunBrief(
-            id=i,
-            run_key=r.run_key(),
-            engine=r.engine,
-            precision=r.precision,
-            layout=r.layout,
-            num_devices=r.num_devices,
-            seed=r.seed,
-            repeat=r.repeat,
-            status="queued",
-        )
-        for i, r in zip(run_ids, runs)
-    ]
+    briefs = run_briefs(run_ids, runs, "queued")
     message = None if outcome.ok else f"{outcome.error}; {len(run_ids) - len(outcome.published)} {BROKER_DOWN_NOTE}"
     return experiment_read(exp, ExperimentStatus("queued", counts)) | {
         "runs": briefs,

@@ -28,7 +28,7 @@ import db.experiments
 from api.deps import ClustersDep, SessionDep, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import WRITE_RESPONSES, FieldError, ProblemError, validation_errors
-from api.schemas.experiments import RunBrief, experiment_read
+from api.schemas.experiments import experiment_read, run_briefs
 from api.schemas.imports import (
     DEFAULT_LOG_ENGINES,
     MAX_CURVE_POINTS,
@@ -470,20 +470,7 @@ def _write(
     finish_imported(session, run_ids)
     session.commit()
     response.headers["Location"] = f"/experiments/{exp.id}"
-    briefs = [
-        RunBrief(
-            id=i,
-            run_key=r.run_key(),
-            engine=r.engine,
-            precision=r.precision,
-            layout=r.layout,
-            num_devices=r.num_devices,
-            seed=r.seed,
-            repeat=r.repeat,
-            status="succeeded",
-        )
-        for i, r in zip(run_ids, runs)
-    ]
+    briefs = run_briefs(run_ids, runs, "succeeded")
     return experiment_read(exp, db.experiments.experiment_status(session, exp.id)) | {"runs": briefs}
 
 

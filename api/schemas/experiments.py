@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel, Field
 from api.problems import FieldError, ProblemError
 from core.contracts.clusters import Cluster
 from core.contracts.matrix import SkippedPoint
+from core.contracts.specs import RunSpec
 from core.engines.registry import engine_names
 from db.experiments import ExperimentStatus
 from db.models import Experiment, Run, RunSummary, StepMetric
@@ -220,6 +222,24 @@ def skipped_read(points: list[SkippedPoint]) -> list[SkippedPointRead]:
 
 
 _RUN_FIELDS = tuple(f for f in RunRead.model_fields if f not in ("tokens_per_sec_per_device", "step_ms_median"))
+
+
+def run_briefs(run_ids: Sequence[int], runs: Sequence[RunSpec], status: RunStatus) -> list[RunBrief]:
+    """The briefs of runs just created (queued by a POST, or succeeded by an import), from their specs."""
+    return [
+        RunBrief(
+            id=i,
+            run_key=r.run_key(),
+            engine=r.engine,
+            precision=r.precision,
+            layout=r.layout,
+            num_devices=r.num_devices,
+            seed=r.seed,
+            repeat=r.repeat,
+            status=status,
+        )
+        for i, r in zip(run_ids, runs, strict=True)
+    ]
 
 
 def run_read(run: Run, figures: tuple[float, float] | None = None) -> RunRead:
