@@ -21,15 +21,19 @@ mean absolute miss:
 
 Leave-one-source-out: for each source (publisher), the constants are fitted on the other sources only and its
 series are projected with them. Those out-of-sample misses give the error the product reports, and the 80%
-prediction interval, half-width = q x sqrt(log2(N / N0)) pp (an error that accumulates like a random walk over
-doublings of N). q is the split-conformal 80% quantile of the points' scores |miss| / sqrt(log2(N / N0)) (the
-ceil(0.8 (n + 1))-th smallest of n). Its coverage is checked nested: each source's points against the q of the
-other sources' points, counted per point and per source. The report also gives the source-level calibration (each
-source's score the 80th percentile of its points' scores, q the conformal quantile of the K source scores: the
-second-largest of 10), which covers more than 90% of the points. Ablations drop a term (its constant fixed at 0, or
-the two link efficiencies tied, or a set of constants per vendor, each fitted on that vendor's series only) and
-repeat the whole procedure; the shipped model is the variant with the fewest constants whose out-of-sample mean
-miss is within 0.05 pp of the best.
+prediction interval, half-width = q x d ** p pp, d = log2(N / N0), up to the validated span D (the largest d of
+the published points; beyond it the interval widens as a random walk, q x D ** p x sqrt(d / D)). q is the
+split-conformal 80% quantile of the points' scores |miss| / d ** p (the ceil(0.8 (n + 1))-th smallest of n). The
+exponent p (0: the same width at every N; 1/2: an error that accumulates like a random walk over doublings) is the
+one of INTERVAL_EXPONENTS with the lowest mean interval score (width plus 2 / 0.2 x the miss beyond it: a proper
+scoring rule), each point scored against the q of the other sources. Coverage is checked nested: each source's
+points against the q of the other sources' points, counted per point, per source and per layout family. The report
+also gives the source-level calibration (each source's score the 80th percentile of its points' scores, q the
+conformal quantile of the K source scores), which covers more than 90% of the points.
+
+Ablations drop a term (its constant fixed at 0, or the two link efficiencies tied, or a set of constants per
+vendor, each fitted on that vendor's series only) and repeat the whole procedure; the shipped model is the variant
+with the fewest constants whose out-of-sample mean miss is within 0.05 pp of the best.
 
 Besides, `monotone_floor` computes from the published figures alone (no model evaluated) how far any model of a
 wide family must miss: one in which E does not rise with N and, of two series of one table, the one that moves more
@@ -74,6 +78,9 @@ GRID = {
     "straggler_tail_exponential": [1.0],  # the form, not a fitted constant: 1 exponential tail, 0 normal
 }
 INTERVAL_COVERAGE = 0.8
+# How the 80% interval may widen with d = log2(N / N0): q x d ** exponent; the published misses choose (the lowest
+# out-of-sample interval score), from constant (0) to a random walk over doublings (1/2).
+INTERVAL_EXPONENTS = (0.0, 0.25, 0.5)
 VENDORS = ("amd", "nvidia")
 TIED = "inter_node_efficiency"  # a tied variant fits one link efficiency: inter = intra
 
@@ -292,10 +299,16 @@ def quantile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def interval_scale(doublings: float) -> float:
-    """How the interval widens with the doublings d = log2(N / N0): sqrt(d), as an error that accumulates like a
-    random walk over doublings (core.projection.model.interval_half_width uses the same form)."""
-    return math.sqrt(abs(doublings))
+def interval_scale(doublings: float, exponent: float = 0.5, span: float = math.inf) -> float:
+    """How the interval widens with the doublings d = log2(N / N0): d ** exponent up to the validated span (the
+    largest d of the published points), then as a random walk beyond it, span ** exponent x sqrt(d / span);
+    0 at N0 itself (core.projection.model.interval_half_width uses the same form)."""
+    d = abs(doublings)
+    if d == 0:
+        return 0.0
+    if d <= span:
+        return d**exponent
+    return span**exponent * math.sqrt(d / span)
 
 
 def layout_family(layout: str) -> str:
@@ -307,24 +320,68 @@ def layout_family(layout: str) -> str:
     return "hsdp" if layout.startswith("hsdp") else ("tp+fsdp" if layout.startswith("tp=") else layout)
 
 
-def source_scores(rows: list[dict]) -> dict[str, float]:
-    """Per source, the 80th percentile of its points' |miss| / log2(N / N0): the q that covers 80% of them."""
+def source_scores(rows: list[dict], exponent: float = 0.5) -> dict[str, float]:
+    """Per source, the 80th percentile of its points' |miss| / d ** exponent: the q that covers 80% of them."""
     by_source: dict[str, list[float]] = {}
     for r in rows:
-        by_source.setdefault(r["source"], []).append(abs(r["miss_pp"]) / interval_scale(r["doublings"]))
+        by_source.setdefault(r["source"], []).append(abs(r["miss_pp"]) / interval_scale(r["doublings"], exponent))
     return {src: quantile(v, INTERVAL_COVERAGE) for src, v in by_source.items()}
 
 
-def point_scores(rows: list[dict]) -> list[float]:
-    """Every point's |miss| / sqrt(log2(N / N0)): the q that would just cover it."""
-    return [abs(r["miss_pp"]) / interval_scale(r["doublings"]) for r in rows]
+def point_scores(rows: list[dict], exponent: float = 0.5) -> list[float]:
+    """Every point's |miss| / d ** exponent (d = log2(N / N0)): the q that would just cover it."""
+    return [abs(r["miss_pp"]) / interval_scale(r["doublings"], exponent) for r in rows]
 
 
-def interval_q(rows: list[dict]) -> float:
+def interval_q(rows: list[dict], exponent: float = 0.5) -> float:
     """The interval's q: the split-conformal 80% quantile of the points' scores (out-of-sample misses). Calibrated
     on points, not on per-source scores: with 10 sources the source-level quantile is the second-largest source's
     score, an interval covering over 90% of the points (the report shows both)."""
-    return conformal_quantile(point_scores(rows))
+    return conformal_quantile(point_scores(rows, exponent))
+
+
+def interval_score(miss_pp: float, half_width_pp: float, level: float = INTERVAL_COVERAGE) -> float:
+    """The interval score of a central interval (Gneiting and Raftery 2007, a proper scoring rule): its width plus
+    2 / alpha times how far the published value falls outside it, alpha = 1 - level. Lower is better: it rewards
+    a narrow interval and charges each miss outside it, so no shape wins by being wide or by being narrow alone."""
+    return 2 * half_width_pp + 2 / (1 - level) * max(0.0, abs(miss_pp) - half_width_pp)
+
+
+DOUBLING_BUCKETS = ((0.0, 1.0, "up to 1"), (1.0, 2.0, "1 to 2"), (2.0, math.inf, "over 2"))
+
+
+def interval_shape(rows: list[dict], exponent: float, span: float) -> dict:
+    """One interval shape, half-width = q x d ** exponent, checked nested (each source against the q of the other
+    sources' points): coverage overall and per bucket of doublings, the mean interval score, the half-width at
+    1,024 GPUs from N0 = 8 (7 doublings; widened as a random walk past the validated span)."""
+    sources = sorted({r["source"] for r in rows})
+    q_of = {src: interval_q([r for r in rows if r["source"] != src], exponent) for src in sources}
+    inside, scores, buckets = [], [], {label: [] for _, _, label in DOUBLING_BUCKETS}
+    for r in rows:
+        half = q_of[r["source"]] * interval_scale(r["doublings"], exponent, span)
+        ok = abs(r["miss_pp"]) <= half + 1e-9
+        inside.append(ok)
+        scores.append(interval_score(r["miss_pp"], half))
+        label = next(lab for lo, hi, lab in DOUBLING_BUCKETS if lo < r["doublings"] <= hi + 1e-9)
+        buckets[label].append(ok)
+    q = interval_q(rows, exponent)
+    return {
+        "exponent": exponent,
+        "q_pp": q,
+        "nested_coverage": sum(inside) / len(inside),
+        "nested_coverage_by_doublings": {k: f"{sum(v)}/{len(v)}" for k, v in buckets.items() if v},
+        "mean_interval_score_pp": statistics.fmean(scores),
+        "half_width_1024_from_8_pp": q * interval_scale(7.0, exponent, span),
+    }
+
+
+def choose_interval_shape(rows: list[dict]) -> tuple[float, list[dict]]:
+    """The exponent of INTERVAL_EXPONENTS whose nested interval has the lowest mean interval score, and every
+    shape's figures. The published misses decide how fast the interval widens with N / N0, not an assumption."""
+    span = max(r["doublings"] for r in rows)
+    shapes = [interval_shape(rows, e, span) for e in INTERVAL_EXPONENTS]
+    best = min(shapes, key=lambda sh: (sh["mean_interval_score_pp"], -sh["exponent"]))
+    return best["exponent"], shapes
 
 
 def conformal_quantile(scores: list[float], level: float = INTERVAL_COVERAGE) -> float:
@@ -370,10 +427,13 @@ def fits_per_fold(series: list[Published], variants: dict[str, Variant], workers
 
 
 def leave_one_source_out(
-    series: list[Published], variant: Variant = Variant(), fitted: dict[str, dict[str, float]] | None = None
+    series: list[Published],
+    variant: Variant = Variant(),
+    fitted: dict[str, dict[str, float]] | None = None,
+    exponent: float = 0.5,
 ) -> dict:
     """Out-of-sample misses, with each source's constants from `fitted` ({held-out source: constants}, as
-    fits_per_fold gives them) or fitted here."""
+    fits_per_fold gives them) or fitted here; the interval half-width q x d ** exponent (d = log2(N / N0))."""
     sources = sorted({s.source for s in series})
     rows = []
     if fitted is None or any(src not in fitted for src in sources):
@@ -397,20 +457,23 @@ def leave_one_source_out(
                         "doublings": math.log2(n / s.n0),
                     }
                 )
+    span = max((r["doublings"] for r in rows), default=0.0)  # the validated span of doublings
+
+    def scale(d: float) -> float:
+        return interval_scale(d, exponent, span)
+
     # Nested coverage: each source's points against the q calibrated on the other sources' out-of-sample misses.
     per_source_inside: dict[str, list[bool]] = {}
     source_level_inside = 0
     for src in sources:
         others = [r for r in rows if r["source"] != src]
-        q = interval_q(others)
-        q_source_level = conformal_quantile(list(source_scores(others).values()))
+        q = interval_q(others, exponent)
+        q_source_level = conformal_quantile(list(source_scores(others, exponent).values()))
         source_level_inside += sum(
-            abs(r["miss_pp"]) <= q_source_level * interval_scale(r["doublings"]) + 1e-9
-            for r in rows
-            if r["source"] == src
+            abs(r["miss_pp"]) <= q_source_level * scale(r["doublings"]) + 1e-9 for r in rows if r["source"] == src
         )
         for r in (r for r in rows if r["source"] == src):
-            r["interval_half_width_pp"] = q * interval_scale(r["doublings"])
+            r["interval_half_width_pp"] = q * scale(r["doublings"])
             r["inside_interval"] = abs(r["miss_pp"]) <= r["interval_half_width_pp"] + 1e-9
             per_source_inside.setdefault(src, []).append(r["inside_interval"])
     per_series = {}
@@ -431,7 +494,7 @@ def leave_one_source_out(
                 "median_half_width_pp": statistics.median(r["interval_half_width_pp"] for r in fr),
             }
     upto128 = [r for r in rows if r["num_devices"] <= 128]
-    scores = source_scores(rows)
+    scores = source_scores(rows, exponent)
     return {
         "fitted_per_held_out_source": fitted,
         "points": rows,
@@ -442,13 +505,13 @@ def leave_one_source_out(
         "worst_miss_up_to_128_pp": max((r["miss_pp"] for r in upto128), key=abs) if upto128 else None,
         "points_up_to_128": len(upto128),
         "points_up_to_128_within_1_5_pp": sum(abs(r["miss_pp"]) <= 1.5 for r in upto128),
-        "source_scores_pp_per_doubling": scores,
-        "interval_pp_per_doubling": interval_q(rows),
-        "source_level_interval_pp_per_doubling": conformal_quantile(list(scores.values())),
+        "source_scores_pp": scores,
+        "interval_q_pp": interval_q(rows, exponent),
+        "source_level_interval_q_pp": conformal_quantile(list(scores.values())),
         "source_level_nested_coverage": source_level_inside / len(rows),
-        # the share of points a 4 pp half-width at 1,024 GPUs from N0 = 8 (q = 4 / sqrt(7)) would cover
+        # the share of points a 4 pp half-width at 1,024 GPUs from N0 = 8 (7 doublings) would cover
         "coverage_at_4_pp_from_8_to_1024": sum(
-            abs(r["miss_pp"]) <= 4 / interval_scale(7.0) * interval_scale(r["doublings"]) + 1e-9 for r in rows
+            abs(r["miss_pp"]) <= 4 / scale(7.0) * scale(r["doublings"]) + 1e-9 for r in rows
         )
         / len(rows),
         "nested_coverage": sum(r["inside_interval"] for r in rows) / len(rows),
@@ -456,9 +519,11 @@ def leave_one_source_out(
         "nested_coverage_source_mean": statistics.fmean(sum(v) / len(v) for v in per_source_inside.values()),
         "sources_mostly_covered": sum(sum(v) / len(v) >= INTERVAL_COVERAGE for v in per_source_inside.values()),
         "num_points": len(rows),
+        "interval_exponent": exponent,
+        "interval_validated_doublings": span,
         "per_family": per_family,
         "worst_miss_up_to_2304_pp": max((r["miss_pp"] for r in rows if r["num_devices"] <= 2304), key=abs),
-        "half_width_1024_from_8_pp": interval_q(rows) * interval_scale(7.0),
+        "half_width_1024_from_8_pp": interval_q(rows, exponent) * scale(7.0),
     }
 
 
@@ -584,13 +649,13 @@ def markdown(report: dict) -> str:
         f"({', '.join(report['sources'])}; vendors: {', '.join(report['vendors'])}); {chosen['num_points']} "
         "published points beyond each series' N0. Every series is projected from its smallest published N alone "
         "with the constants fitted on the other sources only. miss = projected E(N) - published E(N), percentage "
-        "points. The 80% interval is +-q x log2(N / N0) pp; nested coverage checks each source against the q of "
-        "the other sources (per point, and the mean over sources of each source's share).",
+        "points. The 80% interval is +-q x d ** p pp, d = log2(N / N0) (p below); nested coverage checks each source "
+        "against the q of the other sources (per point, and the mean over sources of each source's share).",
         "",
         "## Terms (leave-one-source-out, every variant refitted per fold)",
         "",
         "| variant | constants | mean abs miss (points) | mean over series | worst miss | worst up to 128 GPUs | "
-        "points up to 128 within 1.5 pp | q, pp x sqrt(doublings) | nested coverage (points) | (mean over sources) |",
+        "points up to 128 within 1.5 pp | q, pp | nested coverage (points) | (mean over sources) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, v in report["variants"].items():
@@ -598,7 +663,7 @@ def markdown(report: dict) -> str:
             f"| {name} | {v['num_constants']} | {v['mean_abs_miss_pp']:.2f} | "
             f"{v['series_mean_abs_miss_pp']:.2f} | {v['worst_miss_pp']:+.2f} | "
             f"{v['worst_miss_up_to_128_pp']:+.2f} | {v['points_up_to_128_within_1_5_pp']}/"
-            f"{v['points_up_to_128']} | {v['interval_pp_per_doubling']:.2f} | "
+            f"{v['points_up_to_128']} | {v['interval_q_pp']:.2f} | "
             f"{v['nested_coverage']:.0%} | {v['nested_coverage_source_mean']:.0%} |"
         )
     lines += [
@@ -619,8 +684,8 @@ def markdown(report: dict) -> str:
         f"{'yes' if chosen['half_width_1024_from_8_pp'] <= 4 else 'no'} |",
         "",
         "The interval's q is the split-conformal 80% quantile of the points' scores "
-        f"({chosen['interval_pp_per_doubling']:.2f} pp); calibrated on per-source scores instead it would be "
-        f"{chosen['source_level_interval_pp_per_doubling']:.2f} pp"
+        f"({chosen['interval_q_pp']:.2f} pp); calibrated on per-source scores instead it would be "
+        f"{chosen['source_level_interval_q_pp']:.2f} pp"
         f" (nested coverage {chosen['source_level_nested_coverage']:.0%}: too wide). A half-width of 4 pp at 1,024 "
         f"GPUs from N0 = 8 would cover {chosen['coverage_at_4_pp_from_8_to_1024']:.0%} of the published points.",
         "",
@@ -655,20 +720,42 @@ def markdown(report: dict) -> str:
         )
     lines += [
         "",
+        "## The interval's shape (shipped variant, nested: each source against the other sources' q)",
+        "",
+        "| half-width | q, pp | nested coverage | by doublings of N / N0 | mean interval score, pp | "
+        "half-width at 1,024 from 8, pp |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *[
+            f"| q x d ** {sh['exponent']:g} | {sh['q_pp']:.2f} | {sh['nested_coverage']:.0%} | "
+            + ", ".join(f"{k}: {v}" for k, v in sh["nested_coverage_by_doublings"].items())
+            + f" | {sh['mean_interval_score_pp']:.2f} | {sh['half_width_1024_from_8_pp']:.2f} |"
+            for sh in report["interval_shapes"]
+        ],
+        "",
+        f"Shipped: p = {report['shipped_interval_exponent']:g}, the lowest mean interval score (2 x the half-width, "
+        "plus 10 x the miss beyond it: a proper score for an 80% interval, so neither a wide nor a narrow interval "
+        "wins by its width alone). The validated span is "
+        f"{report['shipped_interval_validated_doublings']:.2f} doublings; past it the half-width grows as "
+        "sqrt(d / D), an assumption no published point checks.",
+    ]
+    lines += [
+        "",
         "## The interval (shipped variant)",
         "",
-        "| source | score: 80th percentile of abs(miss) / sqrt(log2(N/N0)), pp | "
+        f"| source | score: 80th percentile of abs(miss) / d ** {report['shipped_interval_exponent']:g}, pp | "
         "nested q (other sources' points), pp | points inside |",
         "| --- | --- | --- | --- |",
     ]
-    for src, score in chosen["source_scores_pp_per_doubling"].items():
+    for src, score in chosen["source_scores_pp"].items():
         q = next(
-            r["interval_half_width_pp"] / interval_scale(r["doublings"]) for r in chosen["points"] if r["source"] == src
+            r["interval_half_width_pp"] / interval_scale(r["doublings"], report["shipped_interval_exponent"])
+            for r in chosen["points"]
+            if r["source"] == src
         )
         lines.append(f"| {src} | {score:.2f} | {q:.2f} | {chosen['nested_coverage_per_source'][src]} |")
     lines += [
         "",
-        f"Shipped q: {report['shipped_interval_pp_per_doubling']:.2f} pp x sqrt(log2(N / N0)) (the "
+        f"Shipped q: {report['shipped_interval_q_pp']:.2f} pp x d ** {report['shipped_interval_exponent']:g} (the "
         f"split-conformal 80% quantile of the {chosen['num_points']} points' scores). Sources with at least "
         f"80% of their points inside the nested interval: {chosen['sources_mostly_covered']} of "
         f"{report['num_sources']}.",
@@ -681,7 +768,10 @@ def markdown(report: dict) -> str:
     for k, v in report["shipped_constants"].items():
         lines.append(f"| {k} | {v:g} |")
     lines += [
-        f"| interval half-width, pp x sqrt(log2(N/N0)) | {report['shipped_interval_pp_per_doubling']:.2f} |",
+        f"| interval q, pp (half-width q x d ** p) | {report['shipped_interval_q_pp']:.2f} |",
+        f"| interval exponent p | {report['shipped_interval_exponent']:g} |",
+        f"| validated span D, doublings (beyond: x sqrt(d / D)) | "
+        f"{report['shipped_interval_validated_doublings']:.2f} |",
         f"| largest validated N | {report['largest_validated_num_devices']} |",
         "",
         "Constants fitted per held-out source (shipped variant): "
@@ -744,6 +834,12 @@ def main() -> None:
         "the variant with the fewest constants within 0.05 pp of the lowest out-of-sample mean miss "
         f"({best:.2f} pp over series)"
     )
+    # The interval's shape from the shipped variant's out-of-sample misses; every variant is then summarised with it.
+    exponent, shapes = choose_interval_shape(variants[shipped]["points"])
+    variants = {
+        name: leave_one_source_out(series, v, fitted[name], exponent) | {"num_constants": v.num_constants}
+        for name, v in VARIANTS.items()
+    }
     constants = fitted[shipped][None]
     floor = monotone_floor(series)
     in_sample = loss(series, constants)
@@ -769,7 +865,10 @@ def main() -> None:
         "shipped_reason": reason,
         "shipped_constants": constants,
         "shipped_in_sample_series_mean_abs_miss_pp": in_sample,
-        "shipped_interval_pp_per_doubling": variants[shipped]["interval_pp_per_doubling"],
+        "shipped_interval_q_pp": variants[shipped]["interval_q_pp"],
+        "shipped_interval_exponent": exponent,
+        "shipped_interval_validated_doublings": variants[shipped]["interval_validated_doublings"],
+        "interval_shapes": shapes,
         "largest_validated_num_devices": max(max(s.points) for s in series),
         "per_vendor_constants": {name: fitted[name][None] for name, v in VARIANTS.items() if v.per_vendor},
         "monotone_floor": floor,

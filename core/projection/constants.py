@@ -17,10 +17,15 @@ INTER_NODE_EFFICIENCY = 1.0
 DEVICE_SPEED_CV = 0.005
 STRAGGLER_TAIL: Literal["exponential", "normal"] = "exponential"
 
-# The 80% prediction interval of a projected E(N): +- INTERVAL_PP_PER_DOUBLING percentage points x sqrt(log2(N / N0)),
-# the split-conformal 80% quantile of the published points' out-of-sample scores |miss| / sqrt(log2(N / N0)).
+# The 80% prediction interval of a projected E(N): +- INTERVAL_Q_PP percentage points x d ** INTERVAL_EXPONENT,
+# d = log2(N / N0), up to INTERVAL_VALIDATED_DOUBLINGS (the largest d of the published points); past it the
+# half-width grows as a random walk, x sqrt(d / INTERVAL_VALIDATED_DOUBLINGS). q is the split-conformal 80% quantile
+# of the published points' out-of-sample scores |miss| / d ** exponent; the exponent (0, 1/4 or 1/2) is the one
+# with the lowest out-of-sample interval score.
 INTERVAL_COVERAGE = 0.8
-INTERVAL_PP_PER_DOUBLING = 1.61
+INTERVAL_Q_PP = 2.80
+INTERVAL_EXPONENT = 0.0
+INTERVAL_VALIDATED_DOUBLINGS = 5.0
 INTERVAL_NESTED_COVERAGE = 0.80  # share of the published points inside the interval, each source left out
 VALIDATED_MAX_DEVICES = 16384  # the largest N of the published series; beyond it the interval extrapolates
 VALIDATED_SERIES, VALIDATED_SOURCES = 26, 10  # the published set the constants were fitted and checked on

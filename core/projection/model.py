@@ -25,8 +25,10 @@ from core.analysis.scaling import ScalingReport, Series, SeriesKey
 from core.contracts.base import Frozen
 from core.contracts.specs import FP8_PRECISIONS, check_layout
 from core.projection.constants import (
+    INTERVAL_EXPONENT,
     INTERVAL_NESTED_COVERAGE,
-    INTERVAL_PP_PER_DOUBLING,
+    INTERVAL_Q_PP,
+    INTERVAL_VALIDATED_DOUBLINGS,
     VALIDATED_MAX_DEVICES,
     VALIDATED_SERIES,
     VALIDATED_SOURCES,
@@ -79,9 +81,10 @@ ASSUMPTIONS = (
     f"{VALIDATED_SERIES} published series of {VALIDATED_SOURCES} sources, both vendors; out of sample (each source "
     f"left out) the projected E(N) missed by {VALIDATION_MEAN_MISS_PP} pp on average over series "
     "(bench/projection_validation.py)",
-    f"80% interval: E +- {INTERVAL_PP_PER_DOUBLING} pp x sqrt(log2(N / N0)) (from the out-of-sample misses, "
-    f"calibrated per source; {INTERVAL_NESTED_COVERAGE:.0%} of the published points fell inside it when each "
-    f"source was left out; checked up to N = {VALIDATED_MAX_DEVICES})",
+    f"80% interval: E +- {INTERVAL_Q_PP} pp x d ** {INTERVAL_EXPONENT:g}, d = log2(N / N0), up to "
+    f"d = {INTERVAL_VALIDATED_DOUBLINGS:g} doublings and x sqrt(d / {INTERVAL_VALIDATED_DOUBLINGS:g}) past them "
+    f"(from the out-of-sample misses; {INTERVAL_NESTED_COVERAGE:.0%} of the published points fell inside it when "
+    f"each source was left out; checked up to N = {VALIDATED_MAX_DEVICES})",
 )
 
 
@@ -109,7 +112,7 @@ class ProjectedPoint(Frozen):
     dp_bus_gb_per_s: float
     dp_bound: str  # none | intra-node | inter-node
     beyond_cluster: bool = False  # N above the cluster's configured size
-    # 80% prediction interval (INTERVAL_PP_PER_DOUBLING x |log2(N / N0)| pp around E, X scaled alike)
+    # 80% prediction interval (interval_half_width around E, X scaled alike)
     efficiency_low: float | None = None
     efficiency_high: float | None = None
     tokens_per_sec_low: float | None = None
@@ -262,8 +265,13 @@ def projected_efficiency(
 
 
 def interval_half_width(n: int, n0: int) -> float:
-    """Half-width of the 80% interval of E(N) (a fraction): it grows as the square root of the doublings from N0."""
-    return INTERVAL_PP_PER_DOUBLING / 100 * math.sqrt(abs(math.log2(n / n0)))
+    """Half-width of the 80% interval of E(N) (a fraction): INTERVAL_Q_PP x d ** INTERVAL_EXPONENT, d the doublings
+    from N0, within the validated span; past it the width grows as the square root of d over the span. 0 at N0."""
+    d, span = abs(math.log2(n / n0)), INTERVAL_VALIDATED_DOUBLINGS
+    if d == 0:
+        return 0.0
+    scale = math.pow(d, INTERVAL_EXPONENT) if d <= span else math.pow(span, INTERVAL_EXPONENT) * math.sqrt(d / span)
+    return INTERVAL_Q_PP / 100 * scale
 
 
 def _point_note(w: Workload, n: int, n0: int, eff: float, optimizer_ms: float, optimizer0_ms: float) -> str | None:
@@ -278,6 +286,11 @@ def _point_note(w: Workload, n: int, n0: int, eff: float, optimizer_ms: float, o
             notes.append(f"E above 100%: the modelled step per token is shorter than at N0={n0}, not an error")
     if n > VALIDATED_MAX_DEVICES:
         notes.append(f"beyond the largest validated N ({VALIDATED_MAX_DEVICES}): the interval is extrapolated")
+    elif abs(math.log2(n / n0)) > INTERVAL_VALIDATED_DOUBLINGS:
+        notes.append(
+            f"more than {INTERVAL_VALIDATED_DOUBLINGS:g} doublings from N0={n0}, the span the published series "
+            "check: the interval widens as assumed (sqrt of the doublings), not as measured"
+        )
     return "; ".join(notes) or None
 
 

@@ -114,6 +114,25 @@ def test_the_interval_is_a_conformal_quantile_of_per_source_scores():
     assert pv.conformal_quantile([]) == 0.0
 
 
+def test_the_interval_shape_is_the_one_with_the_lowest_interval_score():
+    assert pv.interval_score(1.0, 2.0) == 4.0 and pv.interval_score(-3.0, 2.0) == pytest.approx(4.0 + 10.0)
+    assert pv.interval_scale(0.0, 0.0) == 0.0 and pv.interval_scale(3.0, 0.0) == 1.0
+    assert pv.interval_scale(8.0, 0.5, span=2.0) == pytest.approx(math.sqrt(2.0) * 2.0)  # a random walk past D
+
+    def rows(miss):  # 6 sources, misses at 1, 2, 4 and 8 doublings, spread by a factor per source
+        return [
+            {"source": f"s{k}", "miss_pp": miss(d) * (0.5 + 0.25 * k) * (-1) ** k, "doublings": d}
+            for k in range(6)
+            for d in (1.0, 2.0, 4.0, 8.0)
+        ]
+
+    flat, _ = pv.choose_interval_shape(rows(lambda d: 1.0))
+    walk, shapes = pv.choose_interval_shape(rows(lambda d: math.sqrt(d)))
+    assert (flat, walk) == (0.0, 0.5)  # the misses decide how fast the interval widens
+    assert [sh["exponent"] for sh in shapes] == list(pv.INTERVAL_EXPONENTS)
+    assert all(sh["nested_coverage_by_doublings"].keys() <= {"up to 1", "1 to 2", "over 2"} for sh in shapes)
+
+
 def test_the_miss_table_gives_the_fits_a_fresh_grid_search_gives():
     series = [s for s in pv.load_published() if s.source in ("trainy", "torchtitan")]
     variant = pv.Variant(zero=("collective_units", "device_speed_cv"), tied=True)
@@ -138,7 +157,14 @@ def test_the_shipped_constants_are_the_recorded_fit():
     assert fitted["intra_node_efficiency"] == network.INTRA_NODE_EFFICIENCY
     assert fitted["inter_node_efficiency"] == network.INTER_NODE_EFFICIENCY
     assert ("exponential" if fitted["straggler_tail_exponential"] else "normal") == network.STRAGGLER_TAIL
-    assert math.isclose(projection.INTERVAL_PP_PER_DOUBLING, report["shipped_interval_pp_per_doubling"], abs_tol=5e-3)
+    assert math.isclose(projection.INTERVAL_Q_PP, report["shipped_interval_q_pp"], abs_tol=5e-3)
+    assert report["shipped_interval_exponent"] == projection.INTERVAL_EXPONENT
+    assert math.isclose(
+        projection.INTERVAL_VALIDATED_DOUBLINGS, report["shipped_interval_validated_doublings"], abs_tol=5e-3
+    )
+    shapes = {sh["exponent"]: sh for sh in report["interval_shapes"]}
+    assert set(shapes) == set(pv.INTERVAL_EXPONENTS)  # the shipped shape has the lowest interval score
+    assert min(shapes.values(), key=lambda sh: sh["mean_interval_score_pp"])["exponent"] == projection.INTERVAL_EXPONENT
     coverage = report["variants"][report["shipped_variant"]]["nested_coverage"]
     assert math.isclose(projection.INTERVAL_NESTED_COVERAGE, coverage, abs_tol=5e-3)
     assert report["largest_validated_num_devices"] == projection.VALIDATED_MAX_DEVICES

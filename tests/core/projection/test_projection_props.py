@@ -17,7 +17,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from core.analysis.scaling import RunPoint, build_report
-from core.projection.model import NetworkUsed, interval_half_width, project_report, projected_efficiency
+from core.projection.model import (
+    INTERVAL_VALIDATED_DOUBLINGS,
+    NetworkUsed,
+    interval_half_width,
+    project_report,
+    projected_efficiency,
+)
 from core.projection.network import Network
 from core.projection.plan import build_plan, parse_token_count, plan_counts
 from core.projection.step_model import Workload, expected_max_exponential, expected_max_normal, solve_compute, step_time
@@ -136,7 +142,9 @@ def test_order_statistic_and_interval_are_finite_and_grow(n, n0):
     assert expected_max_exponential(n) <= expected_max_exponential(min(n + 1, MAX_N)) + 1e-12
     h = interval_half_width(n, n0)
     assert math.isfinite(h) and h >= 0 and (h == 0) == (n == n0)
-    assert interval_half_width(2 * n, n) > interval_half_width(n + 1, n) or n == 1
+    assert interval_half_width(2 * n, n) >= interval_half_width(n + 1, n) > 0 or n == 1
+    far = 2 ** (math.ceil(INTERVAL_VALIDATED_DOUBLINGS) + 1)  # past the validated span: wider as it goes
+    assert interval_half_width(far * 2 * n0, n0) > interval_half_width(far * n0, n0)
 
 
 def test_strong_scaling_without_a_global_batch_is_a_value_error():
