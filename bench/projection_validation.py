@@ -164,7 +164,7 @@ def load_published(directory: Path = PUBLISHED_DIR) -> list[Published]:
             shape = ModelShape(**p["shape"]) if "shape" in p else None  # the whole model
             k, cp = int(p.get("pipeline_stages", 1)), int(p.get("cp", 1))
             # the whole model: a pipelined series is projected as pp=P (+ cp=C) over all its layers, not folded
-            num_layers = shape.num_layers if shape else int(p.get("num_layers") or 0) * k
+            num_layers = shape.num_layers if shape else int(p.get("model_layers") or int(p.get("num_layers") or 0) * k)
             layout = (f"pp={k}+" if k > 1 else "") + (f"cp={cp}+" if cp > 1 else "") + p["layout"]
             mbs = p.get("micro_batch_size")
             w = Workload(
