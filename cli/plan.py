@@ -131,7 +131,7 @@ def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
     console.print(plan_table(plan, every_option))
     console.print(
         "±80%, 80%: the projection's 80% prediction interval (from its misses on published results it "
-        "was not fitted to, wider with each doubling of N); measured points have none. @ loss: at equal loss, "
+        "was not fitted to, leave one source out); measured points have none. @ loss: at equal loss, "
         "fp8 needing steps_ratio x the tokens to reach the loss bf16 reaches with the budget (measured time to "
         "loss; - where none was measured)",
         highlight=False,

@@ -69,7 +69,8 @@ INTRA_NODE_GB_PER_S: dict[str, float] = {
 # GPUs that share one NVLink / Infinity Fabric domain, where it is larger than the node a cluster declares (a rack).
 NVLINK_DOMAIN_GPUS: dict[str, int] = {"gb200-nvl72": 72}
 # NCCL's PAT algorithm (all-gather / reduce-scatter, NCCL 2.23+, one GPU per node) is assumed on NVIDIA platforms
-# only: it is NCCL's, and its availability in RCCL on AMD platforms was not verified here.
+# only: RCCL 2.21.5 (ROCm 6.3) tunes all-gather and reduce-scatter over ring, NVLS and CollNet (src/graph/tuning.cc),
+# without PAT, so on AMD platforms they run as rings.
 PAT_PLATFORMS = frozenset({"h100-hgx", "h200-hgx", "b200-hgx", "gb200-nvl72"})
 PLATFORMS: dict[str, dict[str, Any]] = {
     name: {
