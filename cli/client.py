@@ -55,6 +55,16 @@ def format_problem(response: httpx.Response) -> str:
     return "\n".join(lines)
 
 
+def problem_line(response: httpx.Response) -> str:
+    """A problem+json answer on one line: its detail, else the formatted problem joined."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return " ".join(str(detail).split()) if detail else " ".join(format_problem(response).split())
+
+
 class ApiClient:
     def __init__(self, server: str | None = None, token: str | None = None, timeout_s: float = 15.0):
         self.server = (server or default_server()).rstrip("/")
@@ -71,9 +81,9 @@ class ApiClient:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._http.request(method, path, **kwargs)
         except httpx.ConnectError as exc:
             raise CliError(
                 f"cannot reach the scalebench API at {self.server} ({exc}).\n"
@@ -81,6 +91,9 @@ class ApiClient:
             ) from None
         except httpx.TimeoutException:
             raise CliError(f"the scalebench API at {self.server} did not answer in time ({method} {path})") from None
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._send(method, path, **kwargs)
         if response.status_code == 401 and not self.token:
             raise CliError(
                 f"{format_problem(response)}\nPass --token or set SCALEBENCH_TOKEN "
@@ -98,6 +111,15 @@ class ApiClient:
 
     def text(self, path: str, **params: Any) -> str:
         return self.request("GET", path, params=params).text
+
+    def get_or_problem(self, path: str, **params: Any) -> tuple[Any, str | None]:
+        """GET that answers (body, None), or (None, the problem on one line) when the server answers an error
+        status (a part of a page that may be refused, e.g. a projection without a network); an unreachable server
+        still raises CliError."""
+        response = self._send("GET", path, params={k: v for k, v in params.items() if v is not None})
+        if response.status_code < 400:
+            return response.json(), None
+        return None, problem_line(response)
 
     def get_optional(self, path: str) -> Any | None:
         """GET that answers None on 404 (an endpoint or resource that may not exist)."""

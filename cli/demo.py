@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cli.client import ApiClient, CliError
 from cli.plot import fetch_png
-from cli.report import fetch_report, print_report
+from cli.report import fetch_projection, fetch_report, print_report
 from cli.runs import console, load_spec, submit_spec, wait_for
 from cli.stack import REPO_ROOT, Stack
 from core.analysis.scaling import ScalingReport
@@ -75,8 +75,9 @@ def run_demo(spec_path: Path, out_dir: Path, data_dir: Path) -> int:
             created = submit_spec(client, spec)
             exp = wait_for(client, created["id"], timeout_s=DEMO_TIMEOUT_S)
             report, runs = fetch_report(client, created["id"])
+            projection = fetch_projection(client, created["id"])
             paths = _write_outputs(client, created["id"], report, out_dir)
-        print_report(console, report, runs)
+        print_report(console, report, runs, projection=projection)
         console.print(f"experiment {exp['id']}: {exp['status']}; wrote {', '.join(str(p) for p in paths)}")
         console.print("stopping the stack ...")
     console.print(f"stopped cleanly; demo wall time {time.monotonic() - t0:.0f} s")

@@ -1,8 +1,10 @@
 """The scaling report of an experiment as the CLI and the demo print it (rich tables).
 
-Two requests: the report as GET /experiments/{id}/scaling serves it (the numbers are the server's; nothing
-is recomputed here) and the experiment's runs page (GET /experiments/{id}/runs); `show` makes a third, the
-step breakdown of profiled runs (GET /experiments/{id}/breakdown), printed when there is one.
+Three requests: the report as GET /experiments/{id}/scaling serves it (the numbers are the server's; nothing
+is recomputed here), the experiment's runs page (GET /experiments/{id}/runs) and the projection (GET
+/experiments/{id}/projection: beyond the measured range, the one prediction, E(N) with its 80% interval; the
+Amdahl/USL fits describe the measured range only). `show` makes a fourth, the step breakdown of profiled runs
+(GET /experiments/{id}/breakdown), printed when there is one.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cli.client import ApiClient
@@ -23,6 +26,13 @@ def fetch_report(client: ApiClient, experiment_id: int) -> tuple[ScalingReport, 
     """(the served scaling report, the experiment's runs)."""
     report = ScalingReport.model_validate(client.get(f"/experiments/{experiment_id}/scaling"))
     return report, client.all_runs(experiment_id)
+
+
+def fetch_projection(client: ApiClient, experiment_id: int) -> dict[str, Any] | str:
+    """The served projection at its default device counts, or the problem that refused it on one line (e.g. a
+    422: the cluster describes no network and its device is unknown)."""
+    body, problem = client.get_or_problem(f"/experiments/{experiment_id}/projection")
+    return body if problem is None else problem
 
 
 def fetch_breakdown(client: ApiClient, experiment_id: int) -> ExperimentBreakdown:
@@ -109,6 +119,56 @@ def scaling_table(report: ScalingReport) -> Table:
                 status,
             )
     return table
+
+
+def _beyond_measured(series: dict[str, Any]) -> list[dict[str, Any]]:
+    """The projected points of a series above its largest measured N (none without a measured point)."""
+    measured = [p["num_devices"] for p in series["points"] if p.get("measured_tokens_per_sec") is not None]
+    if not measured:
+        return []
+    return [p for p in series["points"] if p["num_devices"] > max(measured)]
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return "-" if low is None or high is None else f"{low:.1%}-{high:.1%}"
+
+
+def projection_table(projection: dict[str, Any]) -> Table | None:
+    """Per series, every projected N above its largest measured N: E(N), its 80% interval and tokens/s per
+    device (None when no series has such a point)."""
+    net = projection["network"]
+    size = net.get("max_devices")
+    on = f"the projection on cluster {escape(net['cluster'])}'s network ({escape(net['source'])})"
+    table = Table(
+        title="Projected beyond the measured range",
+        title_justify="left",
+        caption=f"{on}; 80%: its 80% prediction interval of E(N) (from its misses on published results, wider with "
+        "each doubling of N); the one prediction beyond the measured range (the Amdahl/USL fits describe the "
+        "measured range only)",
+        caption_justify="left",
+    )
+    series = [(s, _beyond_measured(s)) for s in projection["series"]]
+    engines = len({_engine(s["key"]) for s, _ in series}) > 1
+    for col in (*(["engine"] if engines else []), "precision", "layout", "N", "E(N)", "E(N) 80%", "tok/s/dev", "note"):
+        table.add_column(col, justify="left" if col in ("engine", "precision", "layout", "note") else "right")
+    rows = 0
+    for s, beyond in series:
+        k = s["key"]
+        for p in beyond:
+            notes = [f"beyond the cluster's {size} devices"] if p.get("beyond_cluster") and size else []
+            notes += [p["note"]] if p.get("note") else []
+            table.add_row(
+                *([_engine(k)] if engines else []),
+                k["precision"],
+                k["layout"],
+                str(p["num_devices"]),
+                _num(p.get("efficiency"), ".1%"),
+                _interval(p.get("efficiency_low"), p.get("efficiency_high")),
+                _num(p.get("tokens_per_sec_per_device"), ",.0f"),
+                escape("; ".join(notes)),
+            )
+            rows += 1
+    return table if rows else None
 
 
 def engine_ratio_table(report: ScalingReport) -> Table:
@@ -211,10 +271,16 @@ def print_report(
     report: ScalingReport,
     runs: list[dict[str, Any]] | None = None,
     breakdown: ExperimentBreakdown | None = None,
+    projection: dict[str, Any] | str | None = None,
 ) -> None:
+    """projection: the served projection (fetch_projection), or the problem that refused it (one note line)."""
     if runs:
         console.print(runs_table(runs))
     console.print(scaling_table(report))
+    if isinstance(projection, str):
+        console.print(f"note: no projection beyond the measured range: {projection}", highlight=False, soft_wrap=True)
+    elif projection is not None and (table := projection_table(projection)) is not None:
+        console.print(table)
     if report.speedups:
         console.print(speedup_table(report))
     if report.engine_ratios:

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from cli.client import ApiClient, CliError
-from cli.report import fetch_breakdown, fetch_report, print_report
+from cli.report import fetch_breakdown, fetch_projection, fetch_report, print_report
 
 # Wide tables when the output is a file or a pipe (rich would wrap at 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -238,20 +238,22 @@ def register(app: typer.Typer) -> None:
         server: ServerOpt = None,
         token: TokenOpt = None,
     ) -> None:
-        """An experiment: its runs and the scaling table (throughput, efficiency, fp8 speedup)."""
+        """An experiment: its runs, the scaling table (throughput, efficiency, fp8 speedup) and the projection
+        beyond the measured range (E(N) with its 80% interval)."""
         with ApiClient(server, token) as client:
             exp = client.get(f"/experiments/{experiment_id}")
             report, runs = fetch_report(client, experiment_id)
+            if as_json:
+                typer.echo(json.dumps(report.model_dump(mode="json"), indent=1))
+                return
             breakdown = fetch_breakdown(client, experiment_id)
-        if as_json:
-            typer.echo(json.dumps(report.model_dump(mode="json"), indent=1))
-            return
+            projection = fetch_projection(client, experiment_id)
         console.print(
             f"experiment [bold]{exp['id']}[/bold] {exp['name']} on {exp['cluster']}: {exp['status']} "
             f"({exp['num_runs']} runs, {exp['progress']:.0%} done)",
             highlight=False,
         )
-        print_report(console, report, runs, breakdown)
+        print_report(console, report, runs, breakdown, projection)
 
     @app.command("cancel")
     @cli_errors

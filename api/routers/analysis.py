@@ -51,8 +51,10 @@ FullSize = Annotated[
         ge=1,
         le=1 << 20,
         description=(
-            "N at which Amdahl/USL fits predict X and E (labelled extrapolation beyond the measured range); "
-            "default: the cluster's max devices."
+            "N at which the Amdahl/USL curve fits give their X and E (amdahl.at_full_size, usl.at_full_size) when "
+            "it lies within a series' measured range; outside it they give none (the fits describe the measured "
+            "range only) and the series' notes point to GET /experiments/{id}/projection, which gives E(N) there "
+            "with its 80% interval. Default: the cluster's max devices."
         ),
     ),
 ]
@@ -128,7 +130,10 @@ def _missing_digests(session: Session, points: list, cache: MutableMapping) -> d
         "Each fp8 point of `speedups` carries its loss verdict against bf16 (loss_verdict, loss_gap, loss_gap_band, "
         "loss_numerics: the gap at the end of the run and its drift) and the time to the same loss (steps_ratio, "
         "effective_speedup = speedup / steps_ratio, their bands, time_to_loss with the matched checkpoints), "
-        "computed from curve digests stored with each run and cached per pair."
+        "computed from curve digests stored with each run and cached per pair. The Amdahl/USL fits describe the "
+        "measured range only and give no value outside it; beyond it the one prediction is GET "
+        "/experiments/{id}/projection (E(N) with its 80% interval). The CSV holds one row per series point "
+        "(measured, failed, pending or missing), no fit values."
     ),
 )
 def get_scaling(

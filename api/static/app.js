@@ -193,10 +193,11 @@ function renderScaling(report) {
   document.getElementById("fits").innerHTML = report.series.map((s) => {
     const a = s.amdahl, u = s.usl;
     const fit = a.fitted ? `Amdahl s=${SB.fmt(a.serial_fraction, 4)} (R²=${SB.fmt(a.r_squared, 3)})` : esc(a.reason);
-    const usl = u.fitted ? `USL σ=${SB.fmt(u.sigma, 4)} κ=${SB.fmt(u.kappa, 6)}${u.peak_num_devices ? `, peak N*≈${Math.round(u.peak_num_devices)}${u.peak_extrapolated ? " (extrapolated)" : ""}` : ""}` : "";
-    // The fits describe the measured range; beyond it the projection (drawn dashed, with its interval) is the one
-    // prediction, so an extrapolated fit value is not shown as a second "predicted E(N)".
-    const pred = u.prediction && !u.prediction.extrapolated ? `; USL curve fit at N=${u.prediction.num_devices}: E=${SB.fmt(100 * (u.prediction.efficiency || 0), 1)}%` : "";
+    // The fits describe the measured range: the API gives their peak and their value at full size only within it.
+    // Beyond it the projection (drawn dashed, with its 80% band) is the one prediction; the series' notes say so.
+    const usl = u.fitted ? `USL σ=${SB.fmt(u.sigma, 4)} κ=${SB.fmt(u.kappa, 6)}${u.peak_num_devices ? `, curve peaks at N*≈${Math.round(u.peak_num_devices)}` : ""}` : "";
+    const at = u.at_full_size;
+    const pred = at && at.efficiency != null ? `; USL curve fit at N=${at.num_devices}: E=${SB.fmt(100 * at.efficiency, 1)}%` : "";
     return `<div><b>${esc(style.label(s))}</b> · N0=${s.baseline_num_devices ?? "–"} · ${fit}${usl ? " · " + usl : ""}${pred}${s.notes.length ? ` · <i>${esc(s.notes.join("; "))}</i>` : ""}</div>`;
   }).join("") || "no series yet";
 }

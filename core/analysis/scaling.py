@@ -9,8 +9,10 @@ count N:
 - S(N) = X_fp8(N) / X_bf16(N) for the same engine, model, layout, scaling mode, cluster and N.
 - engine ratio R(N) = X_engine(N) / X_scalebench(N) for the same model, precision, layout, scaling mode, cluster
   and N: another stack (TorchTitan, the user's own command) against this service's runner.
-- Amdahl and USL fits on >= 3 measured points, with fit quality; predictions beyond the measured range
-  are labelled extrapolations.
+- Amdahl and USL fits on >= 3 measured points, with fit quality. The fits describe the measured range only:
+  their value at the cluster's full size is given only when that N lies within it (a curve fit, not a
+  prediction); beyond it the one prediction is the projection (core.projection, GET
+  /experiments/{id}/projection) with its 80% interval, and the series' notes say so.
 """
 
 from __future__ import annotations
@@ -96,12 +98,24 @@ class ScalingPoint(Frozen):
     final_loss: float | None = None
 
 
-class Prediction(Frozen):
+class FitValue(Frozen):
+    """A fitted curve's value at an N within the series' measured range (never outside it)."""
+
     num_devices: int
-    tokens_per_sec: float
-    efficiency: float | None  # against the measured X(N0)
-    extrapolated: bool  # num_devices outside the measured range
+    tokens_per_sec: float = Field(description="The fitted curve's X(N), global tokens/s.")
+    efficiency: float | None = Field(description="The fitted curve's X(N) against the measured X(N0) (a fraction).")
     note: str
+
+
+AT_FULL_SIZE = Field(
+    None,
+    description=(
+        "The fitted curve's X and E at the cluster's full size (or full_size) when that N lies within the measured "
+        "range; null outside it (the fits describe the measured range only: beyond it the projection, GET "
+        "/experiments/{id}/projection, gives E(N) with its 80% interval, and the series' notes say so) or "
+        "when not fitted."
+    ),
+)
 
 
 class AmdahlFit(Frozen):
@@ -113,7 +127,7 @@ class AmdahlFit(Frozen):
     r_squared: float | None = None
     rms_rel_error: float | None = None
     num_points: int = 0
-    prediction: Prediction | None = None
+    at_full_size: FitValue | None = AT_FULL_SIZE
 
 
 class USLFit(Frozen):
@@ -125,10 +139,22 @@ class USLFit(Frozen):
     r_squared: float | None = None
     rms_rel_error: float | None = None
     num_points: int = 0
-    peak_num_devices: float | None = None  # N* = sqrt((1 - sigma) / kappa); None if kappa <= 0
-    peak_tokens_per_sec: float | None = None
-    peak_extrapolated: bool | None = None
-    prediction: Prediction | None = None
+    peak_num_devices: float | None = Field(
+        None,
+        description=(
+            "N* = sqrt((1 - sigma) / kappa), where the fitted curve peaks, when it lies within the measured range; "
+            "null outside it (see peak_in_measured_range) or when kappa <= 0 (no peak)."
+        ),
+    )
+    peak_tokens_per_sec: float | None = Field(None, description="The fitted curve's X(N*); null with peak_num_devices.")
+    peak_in_measured_range: bool | None = Field(
+        None,
+        description=(
+            "true: the fitted curve peaks within the measured range (peak_num_devices); false: it would peak outside "
+            "it, which the fit does not describe (no peak given); null: kappa <= 0, no peak."
+        ),
+    )
+    at_full_size: FitValue | None = AT_FULL_SIZE
 
 
 class Series(Frozen):
@@ -368,30 +394,38 @@ def _with_efficiency(points: list[dict[str, Any]], baseline_n: int | None) -> tu
 # -------------------------------------------------------------------------------------------- fits
 
 
-def _prediction(
+def _in_range(num_devices: float, measured: Mapping[int, float]) -> bool:
+    return min(measured) <= num_devices <= max(measured)
+
+
+def _fit_value(
     predict: Callable[[float], float], num_devices: int | None, measured: Mapping[int, float], n0: int | None
-) -> Prediction | None:
-    """X and E predicted at `num_devices`; None without a size, or where X leaves the float range."""
-    if num_devices is None:
+) -> FitValue | None:
+    """The fitted curve's X and E at `num_devices`; None without a size, outside the measured range (the fits
+    describe that range only: beyond it the projection predicts), or where X leaves the float range."""
+    if num_devices is None or not _in_range(num_devices, measured):
         return None
     x = _finite(predict(num_devices))
     if x is None:
         return None
-    lo, hi = min(measured), max(measured)
-    extrapolated = not lo <= num_devices <= hi
     # ratio first: no overflow
     eff = _finite((x / measured[n0]) * (n0 / num_devices)) if n0 is not None and n0 in measured else None
-    note = (
-        f"extrapolation: N={num_devices} is outside the measured range {lo}..{hi}"
-        if extrapolated
-        else f"interpolation within the measured range {lo}..{hi}"
+    note = f"curve fit at N={num_devices}, within the measured range {min(measured)}..{max(measured)}"
+    return FitValue(num_devices=num_devices, tokens_per_sec=x, efficiency=eff, note=note)
+
+
+def beyond_range_note(num_devices: int, measured: Mapping[int, float]) -> str:
+    """The series' note when the full size lies outside its measured range: the fits give nothing there."""
+    lo, hi = min(measured), max(measured)
+    return (
+        f"N={num_devices} is outside the measured range {lo}..{hi}: the Amdahl/USL fits describe the measured range "
+        f"only; beyond it the projection gives E(N) with its 80% interval (GET /experiments/{{id}}/projection)"
     )
-    return Prediction(num_devices=num_devices, tokens_per_sec=x, efficiency=eff, extrapolated=extrapolated, note=note)
 
 
 # Fitted parameters depend on nothing but the series' measured points (N, X(N)) in order: that tuple is the
 # series' own fingerprint, so a run that changes one series refits that series only, and a new N0 or full
-# size reuses the fit (only the cheap prediction is redone). Bounded: one entry is a few hundred bytes.
+# size reuses the fit (only the cheap curve value is redone). Bounded: one entry is a few hundred bytes.
 FIT_CACHE_SIZE = 4096
 
 
@@ -424,7 +458,7 @@ def _fit_amdahl(measured: Mapping[int, float], full_n: int | None, n0: int | Non
         r_squared=q.r_squared,
         rms_rel_error=q.rms_rel_error,
         num_points=q.num_points,
-        prediction=_prediction(p.predict, full_n, measured, n0),
+        at_full_size=_fit_value(p.predict, full_n, measured, n0),
     )
 
 
@@ -439,6 +473,7 @@ def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) 
     if isinstance(p, FitRefused):
         return USLFit(fitted=False, reason=p.reason, num_points=len(measured))
     q, peak = p.quality, p.peak_num_devices
+    peak_in_range = _in_range(peak, measured) if peak else None
     return USLFit(
         fitted=True,
         lambda_tokens_per_sec=p.lambda_tokens_per_sec,
@@ -447,10 +482,10 @@ def _fit_usl(measured: Mapping[int, float], full_n: int | None, n0: int | None) 
         r_squared=q.r_squared,
         rms_rel_error=q.rms_rel_error,
         num_points=q.num_points,
-        peak_num_devices=peak,
-        peak_tokens_per_sec=_finite(p.predict(peak)) if peak else None,
-        peak_extrapolated=(not min(measured) <= peak <= max(measured)) if peak else None,
-        prediction=_prediction(p.predict, full_n, measured, n0),
+        peak_num_devices=peak if peak_in_range else None,
+        peak_tokens_per_sec=_finite(p.predict(peak)) if peak and peak_in_range else None,
+        peak_in_measured_range=peak_in_range,
+        at_full_size=_fit_value(p.predict, full_n, measured, n0),
     )
 
 
@@ -649,12 +684,15 @@ def _series(
             "Amdahl's form fitted to weak scaling: s is the share of step time that does not "
             "parallelize at fixed local batch (Gustafson's reading), not a strong-scaling limit"
         )
+    amdahl, usl = _fit_amdahl(measured, full_n, n0), _fit_usl(measured, full_n, n0)
+    if full_n is not None and (amdahl.fitted or usl.fitted) and not _in_range(full_n, measured):
+        notes.append(beyond_range_note(full_n, measured))
     return Series(
         key=key,
         baseline_num_devices=n0,
         points=[ScalingPoint(**p) for p in points],
-        amdahl=_fit_amdahl(measured, full_n, n0),
-        usl=_fit_usl(measured, full_n, n0),
+        amdahl=amdahl,
+        usl=usl,
         notes=notes,
     )
 
@@ -670,8 +708,8 @@ def build_report(
     """Scaling report of the runs of one experiment (or several to compare).
 
     baseline_num_devices: N0 for E(N) (e.g. 8 for one node); None takes each series' smallest measured N.
-    full_size_by_cluster: devices of each cluster at full size; fits predict X and E there (labelled as
-    extrapolation beyond the measured range).
+    full_size_by_cluster: devices of each cluster at full size; the fits give their curve's X and E there
+    when it lies within a series' measured range, else nothing (the series' notes point to the projection).
     """
     return build_report_from_points(
         aggregate_points(runs),

@@ -4,6 +4,7 @@ way workers record them (db.runs.record_result)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -128,10 +129,47 @@ def test_baseline_and_full_size(client, pg_session_factory) -> None:
         2: 1.0,
         4: round(3600 / 3800, 6),
     }
-    # default full size: local-cpu has 4 devices; asked: 64 (an extrapolation, labelled)
-    assert bf16["amdahl"]["prediction"]["num_devices"] == 4
-    far = client.get(f"/experiments/{exp_id}/scaling?full_size=64").json()["series"][0]["usl"]["prediction"]
-    assert far["num_devices"] == 64 and far["extrapolated"] is True
+    # default full size: local-cpu has 4 devices, within the measured range 1..4: the curve fit's value there
+    for fit in (bf16["amdahl"], bf16["usl"]):
+        assert fit["at_full_size"]["num_devices"] == 4
+        assert fit["at_full_size"]["note"] == "curve fit at N=4, within the measured range 1..4"
+    assert not any("projection" in n for n in bf16["notes"])
+
+
+def test_no_fit_value_beyond_the_measured_range(client, pg_session_factory) -> None:
+    """full_size=64 lies beyond the measured 1..4: the fits give no value there (no second prediction beside
+    the projection's), the notes point to GET /projection, and the CSV holds the measured points only."""
+    with session_scope(pg_session_factory) as s:
+        exp_id, _ = add_experiment(s)
+    _finish_all(pg_session_factory, exp_id)
+    rep = client.get(f"/experiments/{exp_id}/scaling?full_size=64").json()
+    assert len(rep["series"]) == 2
+    for series in rep["series"]:
+        for name in ("amdahl", "usl"):
+            assert series[name]["fitted"] and series[name]["at_full_size"] is None
+            assert "prediction" not in series[name] and "extrapolated" not in series[name]
+        (note,) = [n for n in series["notes"] if "projection" in n]
+        assert note.startswith("N=64 is outside the measured range 1..4: the Amdahl/USL fits describe")
+        assert "E(N) with its 80% interval (GET /experiments/{id}/projection)" in note
+        assert {p["num_devices"] for p in series["points"]} == {1, 2, 4}
+    assert "extrapolat" not in json.dumps(rep["series"])  # (time to loss has its own, fp8's curve past its end)
+
+    from core.analysis.scaling import CSV_COLUMNS
+
+    csv = client.get(f"/experiments/{exp_id}/scaling?format=csv&full_size=64").text.strip().splitlines()
+    assert csv[0] == ",".join(CSV_COLUMNS)
+    assert not any(word in csv[0] for word in ("amdahl", "usl", "fit", "predict", "extrapol"))
+    n_col = CSV_COLUMNS.index("num_devices")
+    assert sorted(int(row.split(",")[n_col]) for row in csv[1:]) == [1, 1, 2, 2, 4, 4]
+
+    params = {
+        p["name"]: p
+        for p in client.get("/openapi.json").json()["paths"]["/experiments/{experiment_id}/scaling"]["get"][
+            "parameters"
+        ]
+    }
+    described = params["full_size"]["description"]
+    assert "within a series' measured range" in described and "GET /experiments/{id}/projection" in described
 
 
 def _status_change(factory: sessionmaker[Session], exp_id: int) -> None:

@@ -6,6 +6,7 @@ change status while the page is open. Screenshots go to artifacts/ (kept as test
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -241,4 +242,52 @@ def test_loss_chart_shows_the_seed_spread(server, api_token, browser_page) -> No
     assert len([t for t in legend if "mean of 3 runs" in t]) == 2 and any(t.startswith("window fp8") for t in legend)
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#chart-loss").screenshot(path=str(ARTIFACTS / "dashboard-loss-seeds.png"))
+    assert not errors, errors
+
+
+H200_CLUSTERS_TOML = """
+[[cluster]]
+name = "h200-ib"
+vendor = "nvidia"
+device_name = "NVIDIA H200"
+gpus_per_node = 8
+max_nodes = 128
+
+[cluster.network]
+platform = "h200-hgx"
+nic = "ib-400g"
+"""
+
+
+def test_fits_give_no_value_beyond_the_measured_range(test_settings, api_token, browser_page, tmp_path) -> None:
+    """An imported H200 series, 8 -> 64 GPUs with E(64) = 96%, on a 1,024-GPU cluster: the fit line gives the fit
+    parameters and no value at 1,024 (the note names the projection instead), while the projection is drawn to
+    1,024 with its band: one prediction per point beyond the measured range."""
+    page, errors = browser_page
+    clusters = tmp_path / "clusters.toml"
+    clusters.write_text(H200_CLUSTERS_TOML)
+    per_device = {8: 5000.0, 16: 4950.0, 32: 4875.0, 64: 4800.0}
+    points = [
+        {"num_devices": n, "precision": "bf16", "layout": "fsdp", "tokens_per_sec_per_device": x}
+        for n, x in per_device.items()
+    ]
+    body = {"name": "h200 8 to 64", "model": "8b", "cluster": "h200-ib", "scaling": "weak", "seq_len": 8192}
+    with live_server(replace(test_settings, clusters_file=str(clusters))) as url:
+        r = httpx.post(
+            f"{url}/experiments/import",
+            json={**body, "local_batch_size": 2, "points": points},
+            headers={"Authorization": f"Bearer {api_token}"},
+        )
+        assert r.status_code == 201, r.text
+        page.goto(f"{url}/?poll_ms={POLL_MS}#/experiments/{r.json()['id']}")
+        page.wait_for_selector("#chart-efficiency[data-projected-bands='1']", timeout=15_000)
+        fits = page.inner_text("#fits")
+        assert "Amdahl s=" in fits and "USL σ=" in fits  # fitted: four measured points
+        assert "N=1024 is outside the measured range 8..64" in fits and "80% interval" in fits
+        assert "curve fit at" not in fits and "extrapolat" not in fits and "predicted" not in fits
+        xs = page.evaluate("""Chart.getChart(document.querySelector('#chart-efficiency canvas')).data.datasets
+            .filter(d => d._projected && !d._band).flatMap(d => d.data.map(p => p.x))""")
+        assert max(xs) == 1024
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator("#fits").screenshot(path=str(ARTIFACTS / "dashboard-fits-beyond-range.png"))
     assert not errors, errors

@@ -211,27 +211,74 @@ def test_refuses_to_fit_fewer_than_three_points(counts):
     s = series(build_report([run(n, 100.0 * n) for n in counts]))
     for fit in (s.amdahl, s.usl):
         assert not fit.fitted and fit.reason.startswith("not fitted: fewer than 3 points")
-        assert fit.prediction is None
+        assert fit.at_full_size is None
     refused = fit_usl(counts, [100.0 * n for n in counts])
     assert isinstance(refused, FitRefused) and "fewer than 3 points" in refused.reason
 
 
-@pytest.mark.parametrize("full_n, extrapolated", [(1024, True), (32, False), (4, True), (None, None)])
-def test_prediction_at_cluster_full_size_is_labelled(full_n, extrapolated):
-    runs = [run(n, usl_x(n, 1000.0, 0.02, 1e-4)) for n in (8, 16, 32, 64)]
-    sizes = {"h200": full_n} if full_n else None
-    s = series(build_report(runs, full_size_by_cluster=sizes))
+USL_8_TO_64 = {n: usl_x(n, 1000.0, 0.02, 1e-4) for n in (8, 16, 32, 64)}  # peaks at N* = sqrt(0.98 / 1e-4) = 99
+
+
+@pytest.mark.parametrize("full_n", [8, 32, 64])
+def test_fit_value_at_full_size_within_the_measured_range_is_a_curve_fit(full_n):
+    runs = [run(n, x) for n, x in USL_8_TO_64.items()]
+    s = series(build_report(runs, full_size_by_cluster={"h200": full_n}))
     for fit in (s.amdahl, s.usl):
-        assert fit.fitted
-        if full_n is None:
-            assert fit.prediction is None
-            continue
-        assert fit.prediction.extrapolated is extrapolated
-        assert ("extrapolation" in fit.prediction.note) is extrapolated
-    if full_n == 1024:
-        e = usl_x(1024, 1000.0, 0.02, 1e-4) / (usl_x(8, 1000.0, 0.02, 1e-4) * 1024 / 8)
-        assert s.usl.prediction.efficiency == pytest.approx(e, rel=1e-5)
-        assert s.usl.peak_num_devices == pytest.approx(99.0, rel=1e-4) and s.usl.peak_extrapolated is True
+        assert fit.fitted and fit.at_full_size is not None and fit.at_full_size.num_devices == full_n
+        assert fit.at_full_size.note == f"curve fit at N={full_n}, within the measured range 8..64"
+    e = usl_x(full_n, 1000.0, 0.02, 1e-4) / (USL_8_TO_64[8] * full_n / 8)
+    assert s.usl.at_full_size.efficiency == pytest.approx(e, rel=1e-5)
+    assert not any("projection" in n for n in s.notes)
+
+
+@pytest.mark.parametrize("full_n", [1024, 65, 4])
+def test_no_fit_value_outside_the_measured_range_the_notes_point_to_the_projection(full_n):
+    runs = [run(n, x) for n, x in USL_8_TO_64.items()]
+    s = series(build_report(runs, full_size_by_cluster={"h200": full_n}))
+    for fit in (s.amdahl, s.usl):
+        assert fit.fitted and fit.at_full_size is None
+    (note,) = [n for n in s.notes if "projection" in n]
+    assert note.startswith(f"N={full_n} is outside the measured range 8..64: the Amdahl/USL fits describe")
+    assert "80% interval (GET /experiments/{id}/projection)" in note
+
+
+def test_without_a_full_size_no_fit_value_and_no_note():
+    s = series(build_report([run(n, x) for n, x in USL_8_TO_64.items()]))
+    assert s.amdahl.at_full_size is None and s.usl.at_full_size is None
+    assert not any("projection" in n for n in s.notes)
+
+
+def test_imported_h200_series_has_no_fit_value_at_1024_anywhere():
+    """The issue's case: 8 -> 64 GPUs with E(64) = 96%; the report at full size 1024 holds no value at N=1024 (the
+    projection is the one prediction there), and the USL peak beyond the measured range is not given either."""
+    per_device = {8: 1000.0, 16: 990.0, 32: 975.0, 64: 960.0}
+    runs = [run(n, x * n, imported=True) for n, x in per_device.items()]
+    report = build_report(runs, full_size_by_cluster={"h200": 1024})
+    s = series(report)
+    assert point(report, 64).efficiency == pytest.approx(0.96)
+    assert s.amdahl.fitted and s.usl.fitted
+
+    def values_at(obj, n):
+        if isinstance(obj, dict):
+            hit = [obj] if obj.get("num_devices") == n or obj.get("peak_num_devices") == n else []
+            return hit + [v for x in obj.values() for v in values_at(x, n)]
+        return [v for x in obj for v in values_at(x, n)] if isinstance(obj, list) else []
+
+    assert values_at(report.model_dump(), 1024) == []
+    peak = s.usl.peak_num_devices
+    assert peak is None or 8 <= peak <= 64
+    assert "extrapolat" not in report.model_dump_json()
+
+
+@pytest.mark.parametrize("counts, in_range", [((8, 16, 32, 64), False), ((8, 16, 32, 64, 128, 256), True)])
+def test_usl_peak_given_only_within_the_measured_range(counts, in_range):
+    s = series(build_report([run(n, usl_x(n, 1000.0, 0.02, 1e-4)) for n in counts]))
+    assert s.usl.peak_in_measured_range is in_range
+    if in_range:
+        assert s.usl.peak_num_devices == pytest.approx(99.0, rel=1e-4)
+        assert s.usl.peak_tokens_per_sec == pytest.approx(usl_x(99.0, 1000.0, 0.02, 1e-4), rel=1e-4)
+    else:
+        assert s.usl.peak_num_devices is None and s.usl.peak_tokens_per_sec is None
 
 
 # ---------------------------------------------------------------------------------------- output

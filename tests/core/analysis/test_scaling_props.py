@@ -285,8 +285,10 @@ def test_any_runs_give_a_report_whose_json_is_strict_and_whose_csv_agrees(runs, 
     for s in report.series:
         for fit in (s.amdahl, s.usl):
             assert fit.fitted or fit.reason, fit
-            if fit.prediction is not None:
-                assert math.isfinite(fit.prediction.tokens_per_sec)
+            if fit.at_full_size is not None:  # a curve fit within the measured range, never outside it
+                assert math.isfinite(fit.at_full_size.tokens_per_sec)
+                measured = [p.num_devices for p in s.points if p.tokens_per_sec]
+                assert min(measured) <= fit.at_full_size.num_devices <= max(measured)
     text = to_csv(report)
     assert "inf" not in text.lower().replace("info", "") and "nan" not in text.lower()
     rows = list(csv.DictReader(io.StringIO(text)))
