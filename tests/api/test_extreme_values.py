@@ -17,18 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-CLUSTERS_TOML = """
-[[cluster]]
-name = "h100-ib"
-vendor = "nvidia"
-device_name = "NVIDIA H100 80GB HBM3"
-gpus_per_node = 8
-max_nodes = 4
+from tests.clusters import networked_cluster_toml
 
-[cluster.network]
-platform = "h100-hgx"
-nic = "ib-400g"
-"""
+CLUSTERS_TOML = networked_cluster_toml("h100-ib", "NVIDIA H100 80GB HBM3", 4, "h100-hgx")
 BASE = {"model": "debug", "cluster": "h100-ib", "scaling": "weak", "seq_len": 256}
 COUNTS = (1, 2, 4)
 PROPS = settings(

@@ -18,6 +18,7 @@ from db.runs import claim_run, mark_failed, record_result
 from db.session import session_scope
 from tests.api.test_analysis import TPS, _result
 from tests.api.test_import import _point
+from tests.clusters import networked_cluster_toml
 from tests.db.helpers import add_experiment
 from tests.live_server import live_server
 
@@ -245,18 +246,7 @@ def test_loss_chart_shows_the_seed_spread(server, api_token, browser_page) -> No
     assert not errors, errors
 
 
-H200_CLUSTERS_TOML = """
-[[cluster]]
-name = "h200-ib"
-vendor = "nvidia"
-device_name = "NVIDIA H200"
-gpus_per_node = 8
-max_nodes = 128
-
-[cluster.network]
-platform = "h200-hgx"
-nic = "ib-400g"
-"""
+H200_CLUSTERS_TOML = networked_cluster_toml("h200-ib", "NVIDIA H200", 128, "h200-hgx")
 
 
 def test_fits_give_no_value_beyond_the_measured_range(test_settings, api_token, browser_page, tmp_path) -> None:

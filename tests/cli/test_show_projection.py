@@ -15,20 +15,10 @@ from typer.testing import CliRunner
 
 from cli.main import app as cli
 from core.settings import Settings
+from tests.clusters import networked_cluster_toml
 from tests.live_server import live_server
 
-CLUSTERS_TOML = """
-[[cluster]]
-name = "h100-ib"
-vendor = "nvidia"
-device_name = "NVIDIA H100 80GB HBM3"
-gpus_per_node = 8
-max_nodes = 64
-
-[cluster.network]
-platform = "h100-hgx"
-nic = "ib-400g"
-"""
+CLUSTERS_TOML = networked_cluster_toml("h100-ib", "NVIDIA H100 80GB HBM3", 64, "h100-hgx")
 # tokens/s per device of an imported 8 -> 64 GPU series (E(64) = 96%)
 PER_DEVICE = {8: 5000.0, 16: 4950.0, 32: 4875.0, 64: 4800.0}
 
