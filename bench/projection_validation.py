@@ -37,7 +37,8 @@ with the fewest constants whose out-of-sample mean miss is within 0.05 pp of the
 
 Besides, `monotone_floor` computes from the published figures alone (no model evaluated) how far any model of a
 wide family must miss: one in which E does not rise with N and, of two series of one table, the one that moves more
-parameters per FLOP in a step no longer than the other's loses at least as much.
+parameters per FLOP in a step no longer than the other's loses at least as much; `mean_miss_floor` adds up the
+rows that share no point into a floor under the mean miss over series.
 """
 
 from __future__ import annotations
@@ -614,6 +615,41 @@ def monotone_floor(series: list[Published]) -> list[dict]:
     return sorted(rows, key=lambda r: -r["floor_pp"])
 
 
+def mean_miss_floor(series: list[Published], floor: list[dict]) -> tuple[float, list[dict]]:
+    """The least mean over series of each series' mean absolute miss (pp) that the rows of `monotone_floor` force
+    on any model of the family, and the rows counted.
+
+    A row ties points ("cells": one series at one N) whose absolute misses add up to at least its gap (twice the
+    row's floor; the whole rise for a rise from N0): the published gap of two series at N, or a rise within one
+    series. Spread over its cells, that gap adds at least gap / P to the sum over series of the series' means, P
+    the most points beyond N0 any of its series has (the miss put where it weighs least). Rows that share no cell
+    add up, so the rows are taken largest contribution first, each only if its cells are still free; the sum over
+    the S series, divided by S, is a lower bound."""
+    points = {s.id: len(s.points) - 1 for s in series}
+    n0 = {s.id: s.n0 for s in series}
+    candidates = []
+    for r in floor:
+        if r["kind"] == "rise within a series":
+            (sid,) = r["series"]
+            from_n0 = r["from_num_devices"] == n0[sid]  # E(N0) is 1 by definition: the miss is all at N
+            gap = r["floor_pp"] if from_n0 else 2 * r["floor_pp"]
+            cells = {(sid, r["num_devices"])} | (set() if from_n0 else {(sid, r["from_num_devices"])})
+        else:
+            gap = 2 * r["floor_pp"]
+            cells = {(sid, r["num_devices"]) for sid in r["series"]}
+        weight = max(points[sid] for sid, _ in cells)
+        candidates.append((gap / weight, cells, r))
+    used: set[tuple[str, int]] = set()
+    total, rows = 0.0, []
+    for contribution, cells, r in sorted(candidates, key=lambda c: -c[0]):
+        if cells & used:
+            continue
+        used |= cells
+        total += contribution
+        rows.append(r | {"series_mean_contribution_pp": contribution / len(series)})
+    return total / len(series), rows
+
+
 def unknown_schedule_sources(series: list[Published]) -> list[str]:
     """Sources whose pipelined series do not publish their schedule (no bubble modelled for them)."""
     return sorted({s.source for s in series if s.pipeline_stages > 1 and s.workload.micro_batch_size <= 0})
@@ -676,7 +712,9 @@ def markdown(report: dict) -> str:
         "",
         "| target | result | met |",
         "| --- | --- | --- |",
-        f"| mean miss over series <= 1.0 pp | {chosen['series_mean_abs_miss_pp']:.2f} pp | "
+        f"| mean miss over series <= 1.0 pp | {chosen['series_mean_abs_miss_pp']:.2f} pp (from the figures alone "
+        "any model of the family below misses by at least "
+        f"{report['monotone_floor_series_mean_pp']:.2f} pp over series) | "
         f"{'yes' if chosen['series_mean_abs_miss_pp'] <= 1.0 else 'no'} |",
         f"| worst miss up to 2,304 GPUs <= 3 pp | {chosen['worst_miss_up_to_2304_pp']:+.2f} pp (from the figures "
         "alone any model of the family below misses some point by at least "
@@ -795,7 +833,10 @@ def markdown(report: dict) -> str:
         "much, misses one of each pair below by at least the floor (half the published gap; a rise of E within "
         "a series costs half of it, all of it from N0). Largest floor up to 128 GPUs: "
         f"**{report['monotone_floor_up_to_128_pp']:.2f} pp**; up to 2,304 GPUs: "
-        f"**{report['monotone_floor_up_to_2304_pp']:.2f} pp**.",
+        f"**{report['monotone_floor_up_to_2304_pp']:.2f} pp**. Over series, the rows that share no point force a "
+        f"mean miss of at least **{report['monotone_floor_series_mean_pp']:.2f} pp** (each row's gap put on the "
+        "series with the most points, where it weighs least); a mean miss above that is the model's own, not "
+        "forced by the figures.",
         "",
         "| kind | series | from N | at N | floor, pp |",
         "| --- | --- | --- | --- | --- |",
@@ -847,6 +888,7 @@ def main() -> None:
     }
     constants = fitted[shipped][None]
     floor = monotone_floor(series)
+    mean_floor, mean_floor_rows = mean_miss_floor(series, floor)
     in_sample = loss(series, constants)
     report = {
         "date": f"{dt.date.today():%Y-%m-%d}",
@@ -880,6 +922,8 @@ def main() -> None:
         "unknown_schedule_sources": unknown_schedule_sources(series),
         "monotone_floor_up_to_128_pp": max((r["floor_pp"] for r in floor if r["num_devices"] <= 128), default=0.0),
         "monotone_floor_up_to_2304_pp": max((r["floor_pp"] for r in floor if r["num_devices"] <= 2304), default=0.0),
+        "monotone_floor_series_mean_pp": mean_floor,
+        "monotone_floor_series_mean_rows": mean_floor_rows,
         "wall_s": round(time.perf_counter() - t0, 1),
         "workers": args.workers,
         "python": platform.python_version(),

@@ -25,6 +25,8 @@ from core.analysis.scaling import ScalingReport, Series, SeriesKey
 from core.contracts.base import Frozen
 from core.contracts.specs import FP8_PRECISIONS, check_layout
 from core.projection.constants import (
+    COLLECTIVE_UNITS,
+    DEVICE_SPEED_CV,
     INTERVAL_EXPONENT,
     INTERVAL_NESTED_COVERAGE,
     INTERVAL_Q_PP,
@@ -71,10 +73,11 @@ ASSUMPTIONS = (
     "critical path (no async TP), activations gathered in fp8 with fp8-tensorwise",
     "forward : backward compute = 1 : 2 (1 : 3 with full activation checkpointing); the output layer's "
     "compute (6 V d FLOPs per token) runs outside the per-block overlap",
-    "overlapped compute runs slower by collective_sm_fraction while a collective occupies compute units (64 of "
-    "the device's SMs or CUs by default, fitted on published results)",
+    "overlapped compute runs slower by collective_sm_fraction while a collective occupies compute units "
+    f"({COLLECTIVE_UNITS:g} of the device's SMs or CUs by default, fitted on published results)",
     "a step waits for the slowest of N devices: compute x (1 + device_speed_cv x z(N)), z(N) = H_N - 1 for an "
-    "exponential tail of device speeds (straggler_tail), E[max of N normals] for a normal one",
+    "exponential tail of device speeds (straggler_tail), E[max of N normals] for a normal one; "
+    f"device_speed_cv {DEVICE_SPEED_CV:g} by default (fitted on published results)",
     "without a breakdown the optimizer step is part of the compute and does not shrink with sharding; with "
     "one, optimizer_ms shrinks with the shard count and idle_ms is carried unchanged",
     "constants (collective share, intra- and inter-node link efficiency, device spread) fitted to "

@@ -17,11 +17,12 @@ Pure (no torch). The model of a step, per layout (the runner's plan: runner/para
   checkpoint recomputes the forward ones; on the critical path (no async TP). fp8-tensorwise all-gathers
   activations in float8.
 - Overlap: a layer takes max(comm, compute + f x comm), f = `collective_sm_fraction`, the share of compute units a
-  running collective may take from the compute beside it (64 compute units by default, fitted on published
-  results: bench/projection_validation.py).
+  running collective may take from the compute beside it (COLLECTIVE_UNITS compute units by default, fitted on
+  published results: bench/projection_validation.py).
 - A step ends at the slowest of the N devices: compute is scaled by 1 + cv x z(N), cv the device-to-device speed
   spread and z(N) how far the slowest of N lies behind the mean in standard deviations: H_N - 1 for an exponential
-  tail (the default), or the expected maximum of N standard normal draws (Blom's approximation).
+  tail (the default), or the expected maximum of N standard normal draws (Blom's approximation). The default cv is
+  DEVICE_SPEED_CV (fitted, core/projection/constants.py); a cluster's network table may set its own.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """bench/published and bench/projection_validation.py on CPU: the validation set covers sources, vendors, layouts
 and scale, every series carries its citation, the evaluation's pieces behave, and the constants the product ships
-are the ones the recorded run fitted (bench/results/2026-12-04-projection-validation.json)."""
+are the ones the recorded run fitted (bench/results/2026-12-05-projection-validation.json)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ spec = importlib.util.spec_from_file_location("projection_validation", REPO / "b
 pv = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = pv  # its dataclasses look their module up
 spec.loader.exec_module(pv)
-RESULT = REPO / "bench" / "results" / "2026-12-04-projection-validation.json"
+RESULT = REPO / "bench" / "results" / "2026-12-05-projection-validation.json"
 ROW_FIELDS = (
     "id",
     "citation",
@@ -208,6 +208,27 @@ def test_the_monotone_floor_pairs_strong_scaling_series_of_one_table():
     assert row["params_per_flop_ratio"] == pytest.approx(1.0)
     report = json.loads(RESULT.read_text())
     assert report["monotone_floor_up_to_2304_pp"] == pytest.approx(row["floor_pp"])
+
+
+def test_the_mean_miss_floor_adds_rows_that_share_no_point():
+    by_id = {s.id: s for s in pv.load_published()}
+    odo, distopt = by_id["alibaba-a100-llama13b-tp2-odo-strong"], by_id["alibaba-a100-llama13b-tp2-distopt-strong"]
+    pair = [odo, distopt]
+    (row,) = [r for r in pv.monotone_floor(pair) if r["kind"] == "two series of one table"]
+    mean, rows = pv.mean_miss_floor(pair, pv.monotone_floor(pair))
+    assert mean == pytest.approx(2 * row["floor_pp"] / 2)  # one point each: the whole gap over the two series
+    assert [r["series"] for r in rows] == [[odo.id, distopt.id]]
+    wobbly = dataclasses.replace(odo, id="wobbly", points={16: 100.0, 32: 101.0, 64: 99.0, 128: 100.0})
+    mean, rows = pv.mean_miss_floor([wobbly], pv.monotone_floor([wobbly]))
+    # the rise from N0 (1 pp, all at 32) and the rise 64 -> 128 (1 pp over two points), each over the 3 points
+    assert mean == pytest.approx(1.0 / 3 + 1.0 / 3)
+    assert sorted((r["from_num_devices"], r["num_devices"]) for r in rows) == [(16, 32), (64, 128)]
+    # a row whose points another row already counts adds nothing
+    mean_twice, _ = pv.mean_miss_floor([wobbly], pv.monotone_floor([wobbly]) * 2)
+    assert mean_twice == pytest.approx(mean)
+    report = json.loads(RESULT.read_text())
+    recorded = pv.mean_miss_floor(pv.load_published(), pv.monotone_floor(pv.load_published()))[0]
+    assert report["monotone_floor_series_mean_pp"] == pytest.approx(recorded)  # the recorded run saw these files
 
 
 def test_a_per_vendor_variant_fits_each_vendor_on_its_own_series():
