@@ -34,6 +34,9 @@ PEAKS: tuple[DevicePeak, ...] = (
     # MI355X: AMD Instinct MI355X datasheet: FP16/BF16 2.5 PF dense, FP8 5.0 PF dense, MXFP8 5.0 PF dense
     # (CDNA 4 adds MX formats).
     DevicePeak("mi355", 2500.0, 5000.0, mx_tflops=5000.0),
+    # MI350X: AMD Instinct MI350X datasheet: FP16/BF16 2.3 PF dense, FP8 4.6 PF dense, MXFP8 4.6 PF dense (the
+    # MI355X's CDNA 4 die at a lower clock and power). Before the gfx950 fallback, which reads as an MI355X.
+    DevicePeak("mi350", 2300.0, 4600.0, mx_tflops=4600.0),
     # MI325X / MI300X: AMD datasheets, FP16/BF16 1307.4 TFLOP/s and FP8 2614.9 TFLOP/s dense; CDNA 3 has no MX
     # formats.
     DevicePeak("mi325", 1307.0, 2615.0),
@@ -82,9 +85,9 @@ def peak_tflops(device_name: str, precision: str, gcn_arch: str | None = None) -
 def unsupported_reason(precision: str, vendor: str, device_name: str, gcn_arch: str | None = None) -> str | None:
     """Why a device cannot run a precision, or None. CPU clusters run every recipe emulated (tests, the demo).
 
-    MX recipes with real kernels need MX (block-scaled) tensor cores: NVIDIA B200/GB200 and AMD MI355X in the
+    MX recipes with real kernels need MX (block-scaled) tensor cores: NVIDIA B200/GB200 and AMD MI350X / MI355X in the
     table above. Note: torchao 0.18's dense MXFP8 linear casts along dim 1 with a CUDA kernel of its own, so on
-    MI355X the recipe is a hardware capability, not a path tested here."""
+    MI350X / MI355X the recipe is a hardware capability, not a path tested here."""
     if vendor == "cpu" or not needs_mx_tensor_cores(precision):
         return None
     peak = find_peak(device_name, gcn_arch)
@@ -92,7 +95,7 @@ def unsupported_reason(precision: str, vendor: str, device_name: str, gcn_arch: 
         return f"{precision} needs MX tensor cores; {device_name!r} is not in the device table"
     if peak.mx_tflops is None:
         return (
-            f"{precision} needs MX tensor cores (B200/GB200, MI355X); {device_name} has none "
+            f"{precision} needs MX tensor cores (B200/GB200, MI350X/MI355X); {device_name} has none "
             "(mxfp8-emulated runs there, for numerics)"
         )
     return None

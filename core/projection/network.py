@@ -88,6 +88,7 @@ PLATFORM_OF_DEVICE = (
     ("h100", "h100-hgx"),
     ("b200", "b200-hgx"),
     ("mi355", "mi355x-platform"),
+    ("mi350", "mi355x-platform"),  # MI350X: the MI355X's 256 CUs and 7 Infinity Fabric links, at a lower clock
     ("mi325", "mi325x-platform"),
     ("mi300", "mi300x-platform"),
 )

@@ -15,6 +15,7 @@ from core.catalog.shapes import SHAPES, get_shape
         ("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 1307, 2615),
         ("AMD Instinct MI325X", None, 1307, 2615),
         ("AMD Instinct MI355X", None, 2500, 5000),
+        ("AMD Instinct MI350X", "gfx950", 2300, 4600),  # the name wins over the gfx950 fallback (an MI355X)
         ("", "gfx942:sramecc+:xnack-", 1307, 2615),
         ("", "gfx950", 2500, 5000),
     ],
@@ -31,6 +32,7 @@ def test_known_peaks(name, arch, bf16, fp8):
         ("NVIDIA GB200", None, 5000),
         ("AMD Instinct MI355X", None, 5000),
         ("", "gfx950", 5000),
+        ("AMD Instinct MI350X", "gfx950", 4600),
         ("NVIDIA H200", None, None),
         ("AMD Instinct MI300X", "gfx942", None),
     ],

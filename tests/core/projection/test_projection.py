@@ -120,6 +120,7 @@ def test_network_defaults_come_from_platform_and_nic_and_fields_override():
     with pytest.raises(ValueError, match="intra_node_gb_per_s"):
         Network(nic="ib-400g")
     assert default_network("AMD Instinct MI325X")[0].intra_node_gb_per_s == 448.0
+    assert default_network("AMD Instinct MI350X")[0] == default_network("AMD Instinct MI355X")[0]
     assert default_network("cpu (gloo ranks)")[0] is None
 
 
