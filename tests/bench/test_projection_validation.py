@@ -50,8 +50,9 @@ def test_the_published_set_covers_sources_vendors_layouts_and_scale():
     # pipelined and context-parallel series are projected as such, not folded into one stage or into DP
     assert any(lay.startswith("pp=") for lay in layouts) and any("cp=" in lay for lay in layouts)
     assert max(max(s.points) for s in series) > 512
-    assert len({s.source for s in series}) >= 10
+    assert len({s.source for s in series}) >= 12
     assert len([s for s in series if max(s.points) > 1000]) >= 3
+    assert len([s for s in series if s.vendor == "amd"]) >= 4
     for path in sorted((REPO / "bench" / "published").glob("*.json")):
         doc = json.loads(path.read_text())
         assert doc["url"].startswith("https://") and doc["published"]
