@@ -26,6 +26,7 @@ def fetch_plan(
     calibrate: bool = False,
     layouts: list[str] | None = None,
 ) -> dict[str, Any]:
+    """The server's plan; `layouts` None: its default layouts besides the measured ones, [] the measured only."""
     return client.get(
         f"/experiments/{experiment_id}/plan",
         tokens=repr(tokens),
@@ -34,7 +35,7 @@ def fetch_plan(
         gpu_hour_cost=gpu_hour_cost,
         min_efficiency=min_efficiency,
         calibrate=str(calibrate).lower(),
-        layouts=",".join(layouts) if layouts else None,
+        layouts=None if layouts is None else ",".join(layouts),
     )
 
 
@@ -181,9 +182,12 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--layout",
                 help="Also plan this layout (repeatable), projected from the measured series: pp=4+tp=2+fsdp, "
-                "cp=2+fsdp, ...",
+                "cp=2+fsdp, ... (instead of the default pp=2, pp=4, pp=8 and cp=2 over each measured layout).",
             ),
         ] = None,
+        measured_only: Annotated[
+            bool, typer.Option("--measured-only", help="Plan with the measured layouts only (no pp / cp forms).")
+        ] = False,
         every_option: Annotated[bool, typer.Option("--all", help="Every precision x layout per N.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="The plan as JSON.")] = False,
         server: ServerOpt = None,
@@ -194,9 +198,19 @@ def register(app: typer.Typer) -> None:
             budget = parse_token_count(tokens)
         except ValueError as exc:
             raise CliError(f"--{exc}") from None
+        if measured_only and layouts:
+            raise CliError("--measured-only plans with the measured layouts only: leave out --layout, or drop it")
         with ApiClient(server, token, timeout_s=60) as client:
             body = fetch_plan(
-                client, experiment_id, budget, max_gpus, cluster, gpu_hour_cost, min_efficiency, calibrate, layouts
+                client,
+                experiment_id,
+                budget,
+                max_gpus,
+                cluster,
+                gpu_hour_cost,
+                min_efficiency,
+                calibrate,
+                [] if measured_only else layouts,
             )
         if as_json:
             typer.echo(json.dumps(body, indent=2))

@@ -30,7 +30,7 @@ from core.analysis.scaling import build_report
 from core.contracts.clusters import Cluster
 from core.projection.model import NetworkUsed, project_report
 from core.projection.network import default_network
-from core.projection.plan import DEFAULT_MIN_EFFICIENCY, build_plan, plan_counts
+from core.projection.plan import DEFAULT_MIN_EFFICIENCY, build_plan, default_plan_layouts, plan_counts
 from db.models import Experiment
 
 router = APIRouter(tags=["analysis"])
@@ -186,18 +186,21 @@ def get_plan(
                 "Comma-separated layout templates to plan with besides the measured ones (each measured series "
                 "projected onto them), e.g. "
                 "pp=4+tp=2+fsdp,cp=2+fsdp (pipeline and context parallel included; encode + as %2B): the "
-                "measured per-token compute of N0 laid out anew."
+                "measured per-token compute of N0 laid out anew. Omitted: pp=2, pp=4, pp=8 and cp=2 over each "
+                "measured layout (pp=2+fsdp, ..., cp=2+fsdp), so that the best layout per N weighs pipeline and "
+                "context parallelism too; empty (layouts=): the measured layouts only."
             ),
         ),
     ] = None,
 ) -> Any:
     budget = parse_tokens(tokens)
-    extra_layouts = parse_layouts(layouts)
+    asked = parse_layouts(layouts) if layouts is not None else None
     headers, unchanged = etag.check(request, session, [experiment_id])
     if unchanged:
         return unchanged
     _, spec, net, report, breakdowns = _load(session, clusters, experiment_id, cluster)
     counts = plan_counts((p.num_devices for s in report.series for p in s.points if p.tokens_per_sec), max_gpus)
+    extra_layouts = asked if asked is not None else default_plan_layouts(s.key.layout for s in report.series)
     projected = project_report(
         report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate, layouts=extra_layouts
     )

@@ -245,6 +245,14 @@ def check_layout(template: str) -> str:
     return t
 
 
+def model_parallel_size(template: str) -> int:
+    """Devices one data-parallel rank spans under a layout template: pp x cp x tp (1 for fsdp, ddp and hsdp)."""
+    m = _LAYOUT_RE.match(check_layout(template))
+    assert m is not None
+    pp_text, cp_text, _, _, _, tp, _ = m.groups()
+    return int(pp_text or 1) * int(cp_text or 1) * int(tp or 1)
+
+
 def resolve_layout(template: str, num_devices: int) -> ParallelDegrees:
     """Degrees of a layout template at N devices; ValueError with the reason when the point cannot exist.
 

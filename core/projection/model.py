@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from core.analysis.scaling import ScalingReport, Series, SeriesKey
 from core.contracts.base import Frozen
-from core.contracts.specs import FP8_PRECISIONS, check_layout
+from core.contracts.specs import FP8_PRECISIONS, check_layout, model_parallel_size
 from core.projection.constants import (
     COLLECTIVE_UNITS,
     DEVICE_SPEED_CV,
@@ -169,12 +169,13 @@ class ProjectionReport(Frozen):
 
 
 def _fits(w: Workload, n: int) -> bool:
+    """Whether the layout can lay the model out at N: its degrees exist, and every pipeline stage holds a block."""
     try:
-        w.degrees(n)
+        pp = w.degrees(n).pp
         w.sequences_per_dp_rank(n)
     except (ValueError, AssertionError):
         return False
-    return True
+    return pp <= w.model_shape().num_layers
 
 
 class _Model:
@@ -223,11 +224,18 @@ class _Model:
 
 class _Relaid:
     """A measured series' model laid out anew: the per-token compute found at N0 under the measured layout, spent
-    under `layout` (another tp, pp, cp or data-parallel form) at every N."""
+    under `layout` (another tp, pp, cp or data-parallel form) at every N, at the measured global batch: a weak-scaling
+    series' sequences per data-parallel rank scale with the devices a rank spans (pp x cp x tp), so both layouts
+    take the same tokens per step at every N (at least one sequence per rank), and the two are compared at the same
+    optimizer steps, not a pipeline of a few sequences against data parallelism."""
 
     def __init__(self, base: _Model, layout: str):
         self.base, self.net, self.gpn, self.n0 = base, base.net, base.gpn, base.n0
-        self.w = dataclasses.replace(base.w, layout=layout)
+        w = base.w
+        if w.scaling == "weak" and w.local_batch_size:
+            ratio = model_parallel_size(layout) / model_parallel_size(w.layout)
+            w = dataclasses.replace(w, local_batch_size=max(1, math.ceil(w.local_batch_size * ratio - 1e-9)))
+        self.w = dataclasses.replace(w, layout=layout)
         self.source = f"{base.source}, laid out as {layout}"
         self.compute0_ms = base.compute0_ms
         self.idle_ms, self.optimizer0_ms = base.idle_ms, base.optimizer0_ms
@@ -477,6 +485,11 @@ def project_series(
         notes.append(
             f"projected onto layout {layout} from the measured {series.key.layout} series: the per-token compute "
             f"of N0={n0}, E against its measured X(N0)"
+            + (
+                f", at the measured global batch ({w.local_batch_size} sequences per data-parallel rank)"
+                if w.scaling == "weak" and w.local_batch_size
+                else ""
+            )
         )
     counts = sorted(set(gpu_counts) | set(measured))
     skipped = [n for n in counts if not _fits(w, n)]
@@ -516,7 +529,12 @@ def project_series(
             )
         )
     if skipped:
-        notes.append(f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}")
+        stages, blocks = (
+            int(w.layout.split("+")[0][3:]) if w.layout.startswith("pp=") else 1,
+            w.model_shape().num_layers,
+        )
+        why = f" (pp={stages} stages, more than the model's {blocks} blocks)" if stages > blocks else ""
+        notes.append(f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}{why}")
     if not_finite:
         notes.append(f"the modelled step is not a finite number at N={', '.join(map(str, not_finite))}: left out")
     out = ProjectedSeries(

@@ -22,10 +22,14 @@ from pydantic import Field
 
 from core.analysis.scaling import ScalingReport
 from core.contracts.base import Frozen
+from core.contracts.specs import check_layout
 from core.projection.equal_loss import ratio_for, steps_ratios
 from core.projection.model import ProjectionReport
 
 DEFAULT_MIN_EFFICIENCY = 0.9
+# The pipeline- and context-parallel forms a plan weighs by default beside each measured layout: projected from the
+# measured series' per-token compute (the runner cannot execute them yet, so none of them is ever measured).
+PLAN_LAYOUT_PREFIXES = ("pp=2+", "pp=4+", "pp=8+", "cp=2+")
 
 
 class PlanOption(Frozen):
@@ -76,6 +80,19 @@ class Plan(Frozen):
     cheapest_efficient: PlanOption | None
     fastest_efficient: PlanOption | None
     notes: list[str] = []
+
+
+def default_plan_layouts(measured_layouts: Iterable[str]) -> list[str]:
+    """The layouts a plan weighs besides the measured ones when none are asked for: each of PLAN_LAYOUT_PREFIXES
+    over each measured layout that has no pipeline or context parallelism of its own (fsdp -> pp=2+fsdp, ...,
+    cp=2+fsdp)."""
+    out = [
+        check_layout(prefix + layout)
+        for layout in measured_layouts
+        if not layout.startswith(("pp=", "cp="))
+        for prefix in PLAN_LAYOUT_PREFIXES
+    ]
+    return list(dict.fromkeys(out))
 
 
 def plan_counts(measured_counts: Iterable[int], max_gpus: int) -> list[int]:

@@ -154,7 +154,8 @@ def test_projection_csv_and_etag(api) -> None:
 
 def test_plan_for_a_token_budget(api) -> None:
     exp = _import(api, "plan", [("compile", "bf16"), ("float8", "fp8-tensorwise")], True)
-    plan = _ok(api.get(f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&cluster=grand-teton-h100&gpu_hour_cost=2.5"))
+    url = f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&cluster=grand-teton-h100&gpu_hour_cost=2.5&layouts="
+    plan = _ok(api.get(url))  # layouts= (empty): the measured layouts only
     assert plan["tokens"] == 1e12 and plan["gpu_counts"] == [8, 16, 32, 64, 128, 256, 512, 1024]
     rows = {r["num_devices"]: r for r in plan["rows"]}
     assert {o["source"] for o in rows[128]["options"]} == {"measured"}
@@ -170,8 +171,31 @@ def test_plan_for_a_token_budget(api) -> None:
     cheap = plan["cheapest_efficient"]
     assert cheap["efficiency"] >= 0.9 and cheap["num_devices"] == 8 and cheap["source"] == "measured"
     assert plan["fastest_efficient"]["efficiency"] >= 0.9 and plan["network"]["cluster"] == "grand-teton-h100"
-    small = _ok(api.get(f"/experiments/{exp}/plan?tokens=1e9&max_gpus=64&min_efficiency=0.5"))
+    small = _ok(api.get(f"/experiments/{exp}/plan?tokens=1e9&max_gpus=64&min_efficiency=0.5&layouts="))
     assert small["gpu_counts"] == [8, 16, 32, 64] and small["fastest"]["num_devices"] == 64
+
+
+def test_the_best_layout_per_n_weighs_pipeline_and_context_parallel_by_default(api) -> None:
+    exp = _import(api, "plan-pp-cp", [("compile", "bf16")], True)
+    plan = _ok(api.get(f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&cluster=grand-teton-h100"))
+    forms = {"fsdp", "pp=2+fsdp", "pp=4+fsdp", "pp=8+fsdp", "cp=2+fsdp"}
+    rows = {r["num_devices"]: r for r in plan["rows"]}
+    for n in (64, 1024):
+        assert {o["layout"] for o in rows[n]["options"]} == forms, n
+        assert rows[n]["best"]["tokens_per_sec"] == max(o["tokens_per_sec"] for o in rows[n]["options"])
+    # the measured point stays measured; every pp / cp option is projected, with its interval
+    at128 = {o["layout"]: o for o in rows[128]["options"]}
+    assert at128["fsdp"]["source"] == "measured" and at128["fsdp"]["tokens_per_sec"] == pytest.approx(6514 * 128)
+    for layout in forms - {"fsdp"}:
+        o = at128[layout]
+        assert o["source"] == "projected" and o["efficiency_low"] < o["efficiency"] < o["efficiency_high"], layout
+    # a pipeline of 8 stages needs 8 GPUs at least: pp=8+fsdp starts at 8, not below
+    assert "pp=8+fsdp" in {o["layout"] for o in rows[8]["options"]}
+    # asked layouts replace the default forms; an empty list plans with the measured layouts only
+    asked = _ok(api.get(f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&layouts=pp%3D2%2Bfsdp"))
+    assert {o["layout"] for r in asked["rows"] for o in r["options"]} == {"fsdp", "pp=2+fsdp"}
+    measured = _ok(api.get(f"/experiments/{exp}/plan?tokens=1T&max_gpus=1024&layouts="))
+    assert {o["layout"] for r in measured["rows"] for o in r["options"]} == {"fsdp"}
 
 
 def test_bad_parameters_are_422_naming_the_parameter(api) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -105,3 +106,19 @@ def test_projection_csv_carries_the_interval_columns(server, api_token) -> None:
 def _rows(text: str) -> list[list[str]]:
     """The cells of a rich table's body rows (lines with the │ separator)."""
     return [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.count("│") >= 2]
+
+
+def test_plan_weighs_pp_and_cp_unless_told_measured_only(server, api_token) -> None:
+    exp_id = _h100(server, api_token)
+    args = ["plan", str(exp_id), "--tokens", "1T", "--max-gpus", "512", "--server", server, "--token", api_token]
+
+    def layouts(*extra: str) -> set[str]:
+        result = CliRunner().invoke(cli, [*args, *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        return {o["layout"] for r in json.loads(result.stdout)["rows"] for o in r["options"]}
+
+    assert layouts() == {"fsdp", "pp=2+fsdp", "pp=4+fsdp", "pp=8+fsdp", "cp=2+fsdp"}
+    assert layouts("--measured-only") == {"fsdp"}
+    assert layouts("--layout", "cp=2+fsdp") == {"fsdp", "cp=2+fsdp"}
+    both = CliRunner().invoke(cli, [*args, "--measured-only", "--layout", "pp=2+fsdp"])
+    assert both.exit_code != 0 and "--measured-only" in both.output

@@ -1,6 +1,7 @@
 """Pipeline and context parallel layouts, NCCL's algorithm choice, rack-scale platforms, and layouts projected from
 another layout's measured series. Pure logic, milliseconds each."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.analysis.scaling import RunPoint, build_report
-from core.contracts.specs import check_layout, resolve_layout
+from core.contracts.specs import check_layout, model_parallel_size, resolve_layout
 from core.projection.model import NetworkUsed, project_report
 from core.projection.network import Group, Network, all_gather, all_reduce, pat_latency_us, point_to_point
-from core.projection.plan import build_plan, plan_counts
+from core.projection.plan import build_plan, default_plan_layouts, plan_counts
 from core.projection.step_model import Workload, collectives, groups, step_time
 
 H100 = Network(platform="h100-hgx", nic="ib-400g")
@@ -190,6 +191,46 @@ def test_plan_for_1024_gpus_of_an_8b_model_on_mi325x_lists_its_interval():
         assert o.source == "projected"
         assert o.efficiency_low < o.efficiency < o.efficiency_high
         assert o.time_to_train_hours_low < o.time_to_train_hours < o.time_to_train_hours_high
+
+
+def test_a_plan_weighs_pp_and_cp_over_each_measured_layout_by_default():
+    assert default_plan_layouts(["fsdp", "tp=2+fsdp", "fsdp", "pp=2+fsdp"]) == [
+        "pp=2+fsdp",
+        "pp=4+fsdp",
+        "pp=8+fsdp",
+        "cp=2+fsdp",
+        "pp=2+tp=2+fsdp",
+        "pp=4+tp=2+fsdp",
+        "pp=8+tp=2+fsdp",
+        "cp=2+tp=2+fsdp",
+    ]  # a measured pp / cp layout gets no second prefix
+    assert default_plan_layouts([]) == []
+
+
+def test_a_layout_projected_from_another_keeps_the_measured_global_batch():
+    assert [model_parallel_size(t) for t in ("fsdp", "hsdp:shard=8", "tp=2+fsdp", "pp=4+tp=2+fsdp", "cp=2+ddp")] == [
+        1,
+        1,
+        2,
+        8,
+        2,
+    ]
+    report = project_report(
+        build_report(runs({8: 6000.0})), SPEC, used(H100), [64], layouts=["pp=4+tp=2+fsdp", "cp=2+fsdp"]
+    )
+    notes = {s.key.layout: s.notes[0] for s in report.series[1:]}
+    # 2 sequences per fsdp rank at 64 GPUs: 128 a step; pp=4+tp=2 has 8 ranks of 16, cp=2 has 32 ranks of 4
+    assert notes["pp=4+tp=2+fsdp"].endswith("at the measured global batch (16 sequences per data-parallel rank)")
+    assert notes["cp=2+fsdp"].endswith("at the measured global batch (4 sequences per data-parallel rank)")
+
+
+def test_a_pipeline_deeper_than_the_model_is_not_projected():
+    shallow = [dataclasses.replace(r, num_layers=4) for r in runs({8: 6000.0})]
+    report = project_report(build_report(shallow), SPEC, used(H100), [8, 64], layouts=["pp=4+fsdp", "pp=8+fsdp"])
+    by_layout = {s.key.layout: s for s in report.series}
+    assert {p.num_devices for p in by_layout["pp=4+fsdp"].points} == {8, 64}  # one block per stage
+    assert by_layout["pp=8+fsdp"].points == []
+    assert "pp=8 stages, more than the model's 4 blocks" in by_layout["pp=8+fsdp"].notes[-1]
 
 
 def test_megatron_buckets_grow_with_the_data_parallel_group():
