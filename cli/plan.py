@@ -199,7 +199,9 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise CliError(f"--{exc}") from None
         if measured_only and layouts:
-            raise CliError("--measured-only plans with the measured layouts only: leave out --layout, or drop it")
+            raise CliError(
+                "--measured-only and --layout exclude each other: --measured-only plans with the measured layouts only"
+            )
         with ApiClient(server, token, timeout_s=60) as client:
             body = fetch_plan(
                 client,

@@ -245,12 +245,18 @@ def check_layout(template: str) -> str:
     return t
 
 
-def model_parallel_size(template: str) -> int:
-    """Devices one data-parallel rank spans under a layout template: pp x cp x tp (1 for fsdp, ddp and hsdp)."""
+def rank_degrees(template: str) -> tuple[int, int, int]:
+    """(pp, cp, tp) of a layout template: the degrees that do not scale with N (1 where the template has none)."""
     m = _LAYOUT_RE.match(check_layout(template))
     assert m is not None
     pp_text, cp_text, _, _, _, tp, _ = m.groups()
-    return int(pp_text or 1) * int(cp_text or 1) * int(tp or 1)
+    return int(pp_text or 1), int(cp_text or 1), int(tp or 1)
+
+
+def model_parallel_size(template: str) -> int:
+    """Devices one data-parallel rank spans under a layout template: pp x cp x tp (1 for fsdp, ddp and hsdp)."""
+    pp, cp, tp = rank_degrees(template)
+    return pp * cp * tp
 
 
 def resolve_layout(template: str, num_devices: int) -> ParallelDegrees:

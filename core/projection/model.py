@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from core.analysis.scaling import ScalingReport, Series, SeriesKey
 from core.contracts.base import Frozen
-from core.contracts.specs import FP8_PRECISIONS, check_layout, model_parallel_size
+from core.contracts.specs import FP8_PRECISIONS, check_layout, model_parallel_size, rank_degrees
 from core.projection.constants import (
     COLLECTIVE_UNITS,
     DEVICE_SPEED_CV,
@@ -228,15 +228,23 @@ class _Relaid:
     """A measured series' model laid out anew: the per-token compute found at N0 under the measured layout, spent
     under `layout` (another tp, pp, cp or data-parallel form) at every N, at the measured global batch: a weak-scaling
     series' sequences per data-parallel rank scale with the devices a rank spans (pp x cp x tp), so both layouts
-    take the same tokens per step at every N (at least one sequence per rank), and the two are compared at the same
-    optimizer steps, not a pipeline of a few sequences against data parallelism."""
+    take the same tokens per step at every N, and the two are compared at the same optimizer steps, not a pipeline
+    of a few sequences against data parallelism. Where that is not a whole number of sequences per rank (a wider
+    measured rank: tp=4+fsdp laid out as pp=2+fsdp) it is rounded up, and `batch_note` says so."""
 
     def __init__(self, base: _Model, layout: str):
         self.base, self.net, self.gpn, self.n0 = base, base.net, base.gpn, base.n0
-        w = base.w
+        w, self.batch_note = base.w, ""
         if w.scaling == "weak" and w.local_batch_size:
-            ratio = model_parallel_size(layout) / model_parallel_size(w.layout)
-            w = dataclasses.replace(w, local_batch_size=max(1, math.ceil(w.local_batch_size * ratio - 1e-9)))
+            sequences, rest = divmod(w.local_batch_size * model_parallel_size(layout), model_parallel_size(w.layout))
+            sequences += 1 if rest else 0
+            w = dataclasses.replace(w, local_batch_size=sequences)
+            count = f"{sequences} sequence{'' if sequences == 1 else 's'} per data-parallel rank"
+            self.batch_note = (
+                f", at the measured global batch ({count})"
+                if not rest
+                else f", at {count} (the measured global batch is not a whole number of sequences per rank: rounded up)"
+            )
         self.w = dataclasses.replace(w, layout=layout)
         self.source = f"{base.source}, laid out as {layout}"
         self.compute0_ms = base.compute0_ms
@@ -481,17 +489,12 @@ def project_series(
     relaid = layout is not None and layout != w.layout
     timed: _Model | _Relaid = model
     if layout is not None and relaid:
-        timed = _Relaid(model, layout)
-        w = timed.w
+        relaid_model = _Relaid(model, layout)
+        timed, w = relaid_model, relaid_model.w
         measured, meas_eff = {}, {}
         notes.append(
             f"projected onto layout {layout} from the measured {series.key.layout} series: the per-token compute "
-            f"of N0={n0}, E against its measured X(N0)"
-            + (
-                f", at the measured global batch ({w.local_batch_size} sequences per data-parallel rank)"
-                if w.scaling == "weak" and w.local_batch_size
-                else ""
-            )
+            f"of N0={n0}, E against its measured X(N0){relaid_model.batch_note}"
         )
     counts = sorted(set(gpu_counts) | set(measured))
     skipped = [n for n in counts if not _fits(w, n)]
@@ -531,10 +534,7 @@ def project_series(
             )
         )
     if skipped:
-        stages, blocks = (
-            int(w.layout.split("+")[0][3:]) if w.layout.startswith("pp=") else 1,
-            w.model_shape().num_layers,
-        )
+        stages, blocks = rank_degrees(w.layout)[0], w.model_shape().num_layers
         why = f" (pp={stages} stages, more than the model's {blocks} blocks)" if stages > blocks else ""
         notes.append(f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}{why}")
     if not_finite:

@@ -222,6 +222,13 @@ def test_a_layout_projected_from_another_keeps_the_measured_global_batch():
     # 2 sequences per fsdp rank at 64 GPUs: 128 a step; pp=4+tp=2 has 8 ranks of 16, cp=2 has 32 ranks of 4
     assert notes["pp=4+tp=2+fsdp"].endswith("at the measured global batch (16 sequences per data-parallel rank)")
     assert notes["cp=2+fsdp"].endswith("at the measured global batch (4 sequences per data-parallel rank)")
+    # a wider measured rank: tp=4+fsdp at 1 sequence a rank is half a sequence per pp=2+fsdp rank, rounded up
+    one = SPEC | {"local_batch_size": 1}
+    wide = project_report(
+        build_report(runs({8: 6000.0}, layout="tp=4+fsdp")), one, used(H100), [64], layouts=["pp=2+fsdp"]
+    )
+    rounded = "at 1 sequence per data-parallel rank (the measured global batch is not a whole number of sequences"
+    assert rounded in wide.series[1].notes[0]
 
 
 def test_a_pipeline_deeper_than_the_model_is_not_projected():
