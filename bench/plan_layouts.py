@@ -1,4 +1,4 @@
-"""What the plan chooses per N once it weighs pipeline and context parallelism (CPU only, a second).
+"""What the plan picks per N once it weighs pipeline and context parallelism, and its time (CPU only).
 
     .venv/bin/python bench/plan_layouts.py [--max-gpus 8192]
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ from core.projection.model import NetworkUsed, project_report
 from core.projection.network import Network
 from core.projection.plan import build_plan, default_plan_layouts, plan_counts
 
+REPEATS = 20  # timing: the projection and the plan of one case, as GET /plan computes them after its reads
 CASES = [
     # name, platform, nic, precision, tokens/s per GPU at 8, spec
     (
@@ -77,10 +79,17 @@ def main() -> None:
         )
         report = build_report([point])
         layouts = default_plan_layouts(["fsdp"])
-        projected = project_report(report, spec, used, plan_counts([8], args.max_gpus), layouts=layouts)
-        plan = build_plan(report, projected, tokens=1e12, max_gpus=args.max_gpus)
+        counts = plan_counts([8], args.max_gpus)
+        t0 = time.perf_counter()
+        for _ in range(REPEATS):
+            projected = project_report(report, spec, used, counts, layouts=layouts)
+            plan = build_plan(report, projected, tokens=1e12, max_gpus=args.max_gpus)
+        ms = (time.perf_counter() - t0) / REPEATS * 1e3
         forms = ["fsdp", *layouts]
-        print(f"\n{name}: E(N) per layout, the plan's best")
+        print(
+            f"\n{name}: E(N) per layout, the plan's best ({len(projected.series)} series x {len(counts)} counts "
+            f"projected and planned in {ms:.1f} ms, mean of {REPEATS})"
+        )
         print("| N | " + " | ".join(forms) + " | best |")
         print("| --- " * (len(forms) + 2) + "|")
         for row in plan.rows:
