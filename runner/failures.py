@@ -31,6 +31,7 @@ from core.contracts.specs import (
     RunSpec,
     StepRecord,
 )
+from core.engines.registry import scalebench_layout_reason
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,10 @@ def validate(spec: RunSpec, world_size: int) -> None:
         if value % d.tp:
             problems.append(f"{field}({value}) of model {spec.model} is not divisible by tp({d.tp})")
     problems += mx_problems(spec)
+    if spec.engine == "scalebench":  # runner.titan adds TorchTitan's own rules (runner.titan_config)
+        layout_reason = scalebench_layout_reason(d, num_layers=shape.num_layers, local_batch_size=spec.local_batch_size)
+        if layout_reason:
+            problems.append(f"layout: {layout_reason}")
     if spec.data_path:
         try:  # checked again on the open descriptor when it is read (runner.data.open_data)
             data_paths.resolve(spec.data_path, spec.data_roots)

@@ -44,7 +44,9 @@ class StepTimer:
 class DeviceLog:
     """Per-step scalars kept as 0-d device tensors; one stack + all-reduce when read (not every step)."""
 
-    def __init__(self):
+    def __init__(self, holds_loss: bool = True):
+        # False on a pipeline stage before the last: its losses are 0 placeholders, read only through the reduce.
+        self.holds_loss = holds_loss
         self.losses: list[torch.Tensor] = []
         self.grad_norms: list[torch.Tensor] = []
 
@@ -52,15 +54,19 @@ class DeviceLog:
         self.losses.append(loss.detach().float())
         self.grad_norms.append(grad_norm.detach().float())
 
-    def read(self, reduce: bool) -> tuple[list[float], list[float]]:
-        """(losses averaged over all ranks, grad norms). reduce=False after a communication failure."""
+    def read(self, reduce: bool, holders: int | None = None) -> tuple[list[float], list[float]]:
+        """(losses averaged over the ranks that hold one, grad norms). reduce=False after a communication failure
+        (each rank's own). holders: how many ranks hold a loss, all by default; under pipeline parallelism those
+        of the last stage (the others add 0)."""
         if not self.losses:
             return [], []
         losses = torch.stack(self.losses)
         if reduce and dist.is_initialized() and dist.get_world_size() > 1:
-            # Mean over all ranks = mean over DP ranks (TP ranks of a DP group hold the same loss).
+            # Mean over the holders = mean over DP ranks (TP ranks of a DP group hold the same loss).
             dist.all_reduce(losses, op=dist.ReduceOp.SUM)
-            losses = losses / dist.get_world_size()
+            losses = losses / (holders or dist.get_world_size())
+        elif not self.holds_loss:
+            losses = losses[:0]  # a stage without the loss reports none (not zeros)
         norms = torch.stack(self.grad_norms)
         return losses.cpu().tolist(), norms.cpu().tolist()  # CPU-GPU sync point (once)
 

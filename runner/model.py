@@ -113,24 +113,32 @@ class Llama(nn.Module):
         super().__init__()
         self.shape = shape
         self.max_seq_len = max_seq_len
-        self.tok_embeddings = nn.Embedding(shape.vocab_size, shape.dim)
-        self.layers = nn.ModuleList(Block(shape) for _ in range(shape.num_layers))
-        self.norm = RMSNorm(shape.dim, shape.norm_eps)
-        self.output = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+        # Optional: a pipeline stage (runner.parallel.keep_stage) drops the embedding before its first stage and the
+        # norm and output after its last.
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab_size, shape.dim)
+        # Keyed by the block's index in the whole model, so a pipeline stage keeps the parameter names (and the
+        # seeded init, init_parameters) of the unsplit model: layers.<i>.…
+        self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.num_layers)})
+        self.norm: RMSNorm | None = RMSNorm(shape.dim, shape.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(shape.dim, shape.vocab_size, bias=False)
         # Not a parameter and not persistent: recomputed by init_weights after to_empty.
         self.register_buffer("rope", torch.empty(2, max_seq_len, shape.head_dim // 2), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (bs, seq) int64 -> logits (bs, seq, vocab)."""
-        h = self.tok_embeddings(tokens)
+        """tokens (bs, seq) int64 -> logits (bs, seq, vocab). A pipeline stage without the embedding takes the
+        previous stage's hidden states (bs, seq, dim) instead, and one without the output returns its own."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         if torch.is_autocast_enabled(h.device.type):
             # Residual stream in the autocast dtype (as FSDP's bf16 params give): torchao's Float8Linear
             # (rowwise_with_gw_hp) multiplies activations with their gradients and needs one dtype.
             h = h.to(torch.get_autocast_dtype(h.device.type))
-        rope = self.rope[:, : tokens.shape[1]]
-        for layer in self.layers:
+        # Hidden states under sequence-parallel TP hold a shard of the sequence; attention rotates the whole one.
+        rope = self.rope[:, : tokens.shape[1]] if self.tok_embeddings is not None else self.rope
+        for layer in self.layers.values():
             h = layer(h, rope)
-        return self.output(self.norm(h))
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
 
 
 def _param_seed(seed: int, name: str) -> int:

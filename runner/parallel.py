@@ -1,7 +1,9 @@
 """Parallelism as plain functions over a model and a mesh, applied by one parallelize() in a fixed order.
 
-Mesh: one `init_device_mesh` with named dims ("dp_replicate", "dp_shard", "tp"), sizes from
-RunSpec.degrees (size-1 dims included, so every dim can be named in every layout).
+Mesh: one `init_device_mesh` with named dims ("pp", "dp_replicate", "dp_shard", "tp"), sizes from
+RunSpec.degrees (size-1 dims included, so every dim can be named in every layout). Pipeline stages are the
+outermost dim (TorchTitan's and Megatron's order): a rank keeps its stage of the model (keep_stage) before the
+other steps, which then apply to that stage only.
 
 Mixed precision keeps fp32 master weights in every layout: a data-parallel wrapper (FSDP2 / HSDP /
 replicate) casts parameters to bf16 through its MixedPrecisionPolicy (fp32 gradient reduction); with no
@@ -22,12 +24,36 @@ from runner.model import Llama
 
 log = logging.getLogger(__name__)
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 def build_mesh(device_type: str, degrees: ParallelDegrees) -> DeviceMesh:
-    shape = (degrees.dp_replicate, degrees.dp_shard, degrees.tp)
+    shape = (degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.tp)
     return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
+# ------------------------------------------------------------------------------------ pipeline parallel
+
+
+def stage_blocks(num_layers: int, pp: int, stage: int) -> range:
+    """The blocks of pipeline stage `stage` of `pp`: contiguous, L // P each and one more for the first L % P
+    stages (whose root work is lighter than the last stage's output layer), so the slowest stage holds
+    ceil(L / P), as the projection assumes (core.projection.step_model). Needs pp <= num_layers."""
+    per, extra = divmod(num_layers, pp)
+    start = stage * per + min(stage, extra)
+    return range(start, start + per + (1 if stage < extra else 0))
+
+
+def keep_stage(model: Llama, pp: int, stage: int) -> None:
+    """Cut a (meta-device) model down to one pipeline stage in place: its blocks (named as in the whole model),
+    the embedding on the first stage only, the final norm and output on the last only."""
+    keep = {str(i) for i in stage_blocks(model.shape.num_layers, pp, stage)}
+    for name in [n for n in model.layers if n not in keep]:
+        del model.layers[name]
+    if stage > 0:
+        model.tok_embeddings = None
+    if stage < pp - 1:
+        model.norm = model.output = None
 
 
 def uses_dp_wrapper(degrees: ParallelDegrees) -> bool:
@@ -68,17 +94,17 @@ def apply_tp(model: Llama, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
     else:
         colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
 
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            # Full logits on every rank (simple cross-entropy; loss_parallel would save the gather).
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
-        },
-    )
-    for block in model.layers:
+    root_plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        # Full logits on every rank (simple cross-entropy; loss_parallel would save the gather).
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
+    }
+    # A pipeline stage holds a part of the root (or none): the hidden states it sends stay sequence-sharded.
+    plan = {k: v for k, v in root_plan.items() if getattr(model, k) is not None}
+    if plan:
+        parallelize_module(model, tp_mesh, plan)
+    for block in model.layers.values():
         parallelize_module(
             block,
             tp_mesh,
@@ -106,14 +132,14 @@ def apply_ac(model: Llama) -> None:
     """Full activation checkpointing per block: recompute the block's forward in backward (~+33% FLOPs)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    for i, block in enumerate(model.layers):
-        model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+    for name, block in model.layers.items():
+        model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
 def apply_compile(model: Llama) -> None:
     """torch.compile each block (identical blocks share one compiled graph: compile time ~ one block)."""
-    for i, block in enumerate(model.layers):
-        model.layers[i] = torch.compile(block, fullgraph=True)  # type: ignore[assignment]  # a Module's is a Module
+    for name, block in model.layers.items():
+        model.layers[name] = torch.compile(block, fullgraph=True)  # type: ignore[assignment]  # a Module's is a Module
 
 
 # ------------------------------------------------------------------------------------ data parallel
@@ -135,9 +161,10 @@ def apply_fsdp(model: Llama, dp_mesh: DeviceMesh, precision: str, *, reshard_aft
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype(precision), reduce_dtype=torch.float32)
-    for i, block in enumerate(model.layers):
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them gathered.
-        last = i == len(model.layers) - 1
+        last = i == len(blocks) - 1
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
@@ -148,8 +175,8 @@ def apply_ddp(model: Llama, dp_mesh: DeviceMesh, precision: str) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype(precision), reduce_dtype=torch.float32)
-    for i, block in enumerate(model.layers):
-        model.layers[i] = replicate(block, mesh=dp_mesh, mp_policy=mp)  # type: ignore[assignment]  # the Module, wrapped
+    for name, block in model.layers.items():
+        model.layers[name] = replicate(block, mesh=dp_mesh, mp_policy=mp)  # type: ignore[assignment]  # the Module, wrapped
     replicate(model, mesh=dp_mesh, mp_policy=mp)
 
 
@@ -160,6 +187,9 @@ def parallelize(model: Llama, mesh: DeviceMesh, spec: RunSpec) -> dict:
     """Convert and wrap a meta-device model in place. Returns facts for the result (fp8 config, count)."""
     degrees, device_type = spec.degrees, spec.device_type
     facts: dict = {"fp8_config": None, "num_float8_linears": None}
+    # 0. pipeline parallel: this rank's stage only (the steps below see only its blocks and root modules).
+    if degrees.pp > 1:
+        keep_stage(model, degrees.pp, mesh["pp"].get_local_rank())
     # 1. float8 first: TP and FSDP must see Float8Linear modules to pick their float8-aware paths.
     if is_fp8(spec.precision):
         fp8_all_gather = spec.fp8_all_gather and uses_dp_wrapper(degrees) and degrees.dp_shard > 1
@@ -183,6 +213,8 @@ def parallelize(model: Llama, mesh: DeviceMesh, spec: RunSpec) -> dict:
         if degrees.dp_mode == "ddp":
             apply_ddp(model, dp_mesh, spec.precision)
         else:
-            apply_fsdp(model, dp_mesh, spec.precision, reshard_after_forward=True)
+            # Under PP a stage runs several micro-batches' forwards before their backwards: keep the parameters
+            # gathered between them rather than gather them per micro-batch (TorchTitan's default policy).
+            apply_fsdp(model, dp_mesh, spec.precision, reshard_after_forward=degrees.pp == 1)
         log.info("%s over mesh %s", degrees.dp_mode, dict(zip(dp_mesh.mesh_dim_names or (), dp_mesh.shape)))
     return facts

@@ -28,6 +28,7 @@ from runner.fp8 import fp8_dtypes_of_config, is_fp8, precompute_fp8_scales
 from runner.metrics import DeviceLog, StepTimer, peak_memory_gib
 from runner.model import Llama, init_weights
 from runner.parallel import build_mesh, parallelize, uses_dp_wrapper
+from runner.pipeline import Pipeline, clip_across_stages, loss_ranks
 from runner.profiling import StepProfiler
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def build_model(spec: RunSpec, mesh, device: torch.device):
 
 
 def dp_rank_of(mesh, spec: RunSpec) -> int:
-    rep, shard, _ = mesh.get_coordinate()
+    _, rep, shard, _ = mesh.get_coordinate()
     return rep * spec.degrees.dp_shard + shard
 
 
@@ -173,28 +174,34 @@ def eval_due(step: int, spec: RunSpec) -> bool:
 
 
 def evaluate(model, eval_batches, num_batches: int, amp, loss_fn) -> torch.Tensor:
-    """Mean held-out loss of this rank over num_batches batches, a 0-d device tensor (no CPU-GPU sync)."""
+    """Mean held-out loss of this rank over num_batches batches, a 0-d device tensor (no CPU-GPU sync). model: the
+    model, or this rank's Pipeline (0 on the stages before the last)."""
     total: torch.Tensor | None = None
     with torch.no_grad():
         for b in range(num_batches):
             inputs, labels = eval_batches.get(b)
-            with amp:
-                logits = model(inputs)
-            loss = loss_fn(logits, labels).detach().float()
-            del logits
+            if isinstance(model, Pipeline):
+                with amp:
+                    loss = model.eval_loss(inputs, labels)
+            else:
+                with amp:
+                    logits = model(inputs)
+                loss = loss_fn(logits, labels).detach().float()
+                del logits
             total = loss if total is None else total + loss
     assert total is not None, "num_batches must be >= 1"
     return total / num_batches
 
 
-def read_eval_losses(losses: list[torch.Tensor]) -> list[float]:
-    """Per evaluation, the mean over all ranks (= over DP ranks: TP ranks of a DP group score the same batch)."""
+def read_eval_losses(losses: list[torch.Tensor], holders: int) -> list[float]:
+    """Per evaluation, the mean over the `holders` ranks that hold a loss (all, or the last pipeline stage's; the
+    others hold 0) = over DP ranks: TP ranks of a DP group score the same batch."""
     if not losses:
         return []
     stacked = torch.stack(losses)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
-        stacked = stacked / dist.get_world_size()
+        stacked = stacked / holders
     return stacked.cpu().tolist()  # CPU-GPU sync point (once)
 
 
@@ -245,7 +252,11 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
     amp = autocast_context(spec, device)
     # Compiled, the fp32 upcast fuses into the log-softmax: no fp32 copy of the (tokens, vocab) logits.
     loss_fn = torch.compile(cross_entropy_fp32) if spec.compile else cross_entropy_fp32
-    timer, device_log = StepTimer(device), DeviceLog()
+    pipeline = Pipeline(model, mesh, spec, device, loss_fn) if spec.degrees.pp > 1 else None
+    if pipeline is not None and facts["num_float8_linears"] is not None:
+        facts["num_float8_linears"] = pipeline.count_over_stages(facts["num_float8_linears"])  # the whole model's
+    holders = loss_ranks(spec, dist.get_world_size())
+    timer, device_log = StepTimer(device), DeviceLog(holds_loss=pipeline is None or pipeline.last)
     state.timer, state.device_log, state.num_float8_linears = timer, device_log, facts["num_float8_linears"]
     log_every = max(1, spec.steps // 10)
     fault = failures.fault_from_env()
@@ -262,12 +273,18 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
     for step in range(spec.steps):
         profiler.begin(step)
         inputs, labels = batches.get(step)
-        with amp:
-            logits = model(inputs)
-        loss = loss_fn(logits, labels)
-        del logits
-        loss.backward()
-        if clip_fused:
+        if pipeline is not None:
+            with amp:
+                loss = pipeline.train_step(inputs, labels)
+        else:
+            with amp:
+                logits = model(inputs)
+            loss = loss_fn(logits, labels)
+            del logits
+            loss.backward()
+        if pipeline is not None:
+            grad_norm = clip_across_stages(params, MAX_GRAD_NORM, pipeline.group)
+        elif clip_fused:
             grad_norm = clip_in_optimizer(optimizer, params, MAX_GRAD_NORM)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
@@ -283,19 +300,20 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
         timer.mark()
         profiler.end(step)
         if eval_batches is not None and eval_due(step, spec):
-            eval_losses.append(evaluate(model, eval_batches, spec.eval_batches, amp, loss_fn))
+            eval_losses.append(evaluate(pipeline or model, eval_batches, spec.eval_batches, amp, loss_fn))
             eval_steps.append(step)
             eval_intervals.add(step + len(eval_intervals) + 1)  # the interval after this step's
             timer.mark()
         failures.maybe_inject(fault, step)
         if (step + 1) % log_every == 0 or step == spec.steps - 1:
             # loss.item(): CPU-GPU sync point, every log_every steps only (this rank's loss).
-            log.info("step %d/%d loss %.4f lr %.2e", step + 1, spec.steps, loss.item(), state.lrs[-1])
+            where = "" if pipeline is None or pipeline.last else " (first stages hold no loss)"
+            log.info("step %d/%d loss %.4f%s lr %.2e", step + 1, spec.steps, loss.item(), where, state.lrs[-1])
 
     breakdown = profiler.finish()  # collective: each rank's trace -> breakdown, gathered
     step_ms = [ms for i, ms in enumerate(timer.step_ms()) if i not in eval_intervals]
-    losses, norms = device_log.read(reduce=True)
-    eval_values = read_eval_losses(eval_losses)
+    losses, norms = device_log.read(reduce=True, holders=holders)
+    eval_values = read_eval_losses(eval_losses, holders)
     eval_tokens = spec.eval_batches * spec.local_batch_size * spec.seq_len * spec.degrees.dp_degree
     eval_curve = [
         EvalPoint(step=s, loss=v if math.isfinite(v) else None, num_tokens=eval_tokens)

@@ -82,11 +82,6 @@ def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degree
     n = degrees.world_size
     if n > cluster.max_devices:
         return f"N={n} exceeds cluster {cluster.name!r} size ({cluster.max_devices} devices)"
-    if degrees.pp > 1 or degrees.cp > 1:
-        return (
-            f"the runner cannot execute pipeline or context parallelism yet (pp={degrees.pp}, cp={degrees.cp}): "
-            "such a layout is for GET /experiments/{id}/projection and /plan"
-        )
     device_reason = unsupported_reason(precision, cluster.vendor, cluster.device_name)
     if device_reason:
         return device_reason
@@ -103,6 +98,14 @@ def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degree
     return _tp_reason(spec, degrees.tp)
 
 
+def _local_batch(spec: ExperimentSpec, degrees: ParallelDegrees) -> int:
+    """Sequences per data-parallel rank: the weak-scaling local batch, or the strong-scaling global one split."""
+    if spec.scaling == "strong":
+        assert spec.global_batch_size is not None
+        return spec.global_batch_size // degrees.dp_degree
+    return spec.local_batch_size or 1
+
+
 def _run_spec(
     spec: ExperimentSpec,
     cluster: Cluster,
@@ -115,11 +118,7 @@ def _run_spec(
     data_path: str | None,
 ) -> RunSpec:
     shape = get_shape(spec.model, spec.num_layers)
-    if spec.scaling == "strong":
-        assert spec.global_batch_size is not None
-        local = spec.global_batch_size // degrees.dp_degree
-    else:
-        local = spec.local_batch_size or 1
+    local = _local_batch(spec, degrees)
     fp8_ag = spec.fp8_all_gather and precision == "fp8-tensorwise"
     return RunSpec(
         engine=engine,
@@ -176,6 +175,8 @@ def expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[
                             degrees,
                             seq_len=spec.seq_len,
                             eval_every_steps=spec.eval_every_steps,
+                            num_layers=get_shape(spec.model, spec.num_layers).num_layers,
+                            local_batch_size=_local_batch(spec, degrees),
                         )
                     except ValueError as exc:
                         reason = str(exc)

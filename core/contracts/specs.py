@@ -354,7 +354,11 @@ class ExperimentSpec(Strict):
         ["fsdp"],
         min_length=1,
         max_length=8,
-        description=f"Parallelism layout templates that scale with N: {LAYOUT_FORMS}.",
+        description=(
+            f"Parallelism layout templates that scale with N: {LAYOUT_FORMS}. Engine scalebench runs pp=P+ as a 1F1B "
+            "pipeline of one-sequence micro-batches (at least P sequences per data-parallel rank); cp=C+ points, "
+            "and pp=P+ on other engines, are skipped with the reason (they are for /projection and /plan)."
+        ),
     )
     engines: list[Annotated[Text, Field(max_length=80)]] = Field(
         [DEFAULT_ENGINE],

@@ -74,11 +74,14 @@ def engine_reason(
     *,
     seq_len: int | None = None,
     eval_every_steps: int = 0,
+    num_layers: int | None = None,
+    local_batch_size: int | None = None,
 ) -> str | None:
-    """Why `engine` cannot run this point on `cluster`, or None. seq_len and eval_every_steps (the experiment's)
-    let the torchtitan rules that depend on them refuse at POST time too; None/0 skips those rules."""
+    """Why `engine` cannot run this point on `cluster`, or None. seq_len and eval_every_steps (the experiment's),
+    num_layers and local_batch_size (the point's) let the rules that depend on them refuse at POST time too;
+    None/0 skips those rules."""
     if engine == "scalebench":
-        return None
+        return scalebench_layout_reason(degrees, num_layers=num_layers, local_batch_size=local_batch_size)
     if engine == "torchtitan":
         if not cluster.torchtitan:
             return f"cluster {cluster.name!r} does not offer engine torchtitan: {TORCHTITAN_INSTALL_HINT}"
@@ -95,6 +98,35 @@ def engine_reason(
         return f"command:{name} runs {', '.join(command.precisions)}, not {precision}"
     if command.layouts is not None and layout not in command.layouts:
         return f"command:{name} runs layouts {', '.join(command.layouts)}, not {layout}"
+    if (degrees.pp > 1 or degrees.cp > 1) and command.layouts is None:
+        return (
+            f"command:{name} runs pipeline or context parallel layouts ({layout}) only where the cluster's engine "
+            "lists them in its layouts"
+        )
+    return None
+
+
+def scalebench_layout_reason(
+    degrees: ParallelDegrees, *, num_layers: int | None = None, local_batch_size: int | None = None
+) -> str | None:
+    """Why the scalebench runner cannot execute these degrees, or None: the one rule of engine_reason (POST time)
+    and runner.failures.validate (the run). Pipeline stages run runner.pipeline's 1F1B schedule of one-sequence
+    micro-batches, which needs a block per stage and at least as many micro-batches as stages."""
+    if degrees.cp > 1:
+        return (
+            f"the scalebench runner does not execute context parallelism yet (cp={degrees.cp}): such a layout is "
+            "for GET /experiments/{id}/projection and /plan"
+        )
+    if degrees.pp == 1:
+        return None
+    if num_layers is not None and degrees.pp > num_layers:
+        return f"pp={degrees.pp} needs a block per pipeline stage, but the model has num_layers({num_layers})"
+    if local_batch_size is not None and local_batch_size < degrees.pp:
+        return (
+            f"pp={degrees.pp} runs a 1F1B schedule of one-sequence micro-batches, which needs at least "
+            f"{degrees.pp} sequences per data-parallel rank, not {local_batch_size} (raise local_batch_size, or "
+            "global_batch_size for strong scaling)"
+        )
     return None
 
 
@@ -104,6 +136,11 @@ def torchtitan_point_reason(
     """Why TorchTitan 0.2.2 cannot run a point as scalebench means it, or None: the one rule of engine_reason
     (POST time) and runner.titan_config (the run), so both refuse the same points. Sources: TorchTitan 0.2.2's
     tools/utils.py, distributed/utils.py, distributed/parallel_dims.py, models/llama3/infra/parallelize.py."""
+    if degrees.pp > 1 or degrees.cp > 1:
+        return (
+            f"torchtitan runs here without pipeline or context parallelism (pp={degrees.pp}, cp={degrees.cp}): "
+            "engine scalebench runs pp=P+ layouts"
+        )
     if device_type != "cuda":
         # tools/utils.py falls back to device "cuda" when no accelerator is found, and the Trainer's first act is
         # torch.cuda.set_device (then an NCCL process group): a CPU node fails before training.

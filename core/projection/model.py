@@ -59,9 +59,9 @@ ASSUMPTIONS = (
     "and reduce-scatter; the faster of ring and tree for all-reduce; latencies from that tuning model",
     "pipeline parallel (pp=P+): a stage holds ceil(L / P) blocks and the root unit; the step waits out the 1F1B "
     "bubble 1 + (P - 1) / (virtual stages x micro-batches), one micro-batch of one sequence and one virtual stage "
-    "(no request field sets them yet), plus the fill and drain sends between stages; context parallel (cp=C+): "
-    "each block exchanges the keys and values of its sequence over the C ranks beside its attention, and gradients "
-    "sync over DP x CP",
+    "(the scalebench runner's schedule; no request field sets them), plus the fill and drain sends between "
+    "stages; context parallel (cp=C+): each block exchanges the keys and values of its sequence over the C ranks "
+    "beside its attention, and gradients sync over DP x CP",
     "a layout projected from another layout's measured series (layouts=...; the plan's default pp=2, pp=4, pp=8 "
     "and cp=2 forms) keeps the measured per-token compute of N0 and the measured global batch (a weak-scaling "
     "series' sequences per data-parallel rank scaled by pp x cp x tp); its E(N) is against that measured X(N0)",

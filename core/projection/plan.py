@@ -28,7 +28,7 @@ from core.projection.model import ProjectionReport
 
 DEFAULT_MIN_EFFICIENCY = 0.9
 # The pipeline- and context-parallel forms a plan weighs by default beside each measured layout: projected from the
-# measured series' per-token compute (the runner cannot execute them yet, so none of them is ever measured).
+# measured series' per-token compute (a form the experiment also measured is its own series).
 PLAN_LAYOUT_PREFIXES = ("pp=2+", "pp=4+", "pp=8+", "cp=2+")
 
 

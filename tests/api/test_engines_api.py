@@ -108,3 +108,19 @@ def test_openapi_documents_the_engine_forms(client) -> None:
     assert spec["engines"]["default"] == ["scalebench"]
     assert all(form in text for form in ("scalebench", "torchtitan", "command:<name>", "never carries a command"))
     assert "seeds" in spec and "vocab_size" in spec and "lr_schedule" in spec
+
+
+def test_pipeline_layouts_run_on_scalebench_and_are_refused_by_the_other_engines(client) -> None:
+    body = BODY | {
+        "engines": ["scalebench", "torchtitan", "command:megatron"],
+        "layouts": ["pp=2+fsdp"],
+        "gpu_counts": [2],
+        "local_batch_size": 2,
+    }
+    r = client.post("/experiments", json=body)
+    assert r.status_code == 201, r.text
+    assert {x["engine"] for x in r.json()["runs"]} == {"scalebench"}
+    reasons = {s["engine"]: s["reason"] for s in r.json()["skipped"]}
+    assert "without pipeline or context parallelism (pp=2, cp=1)" in reasons["torchtitan"]
+    # a team's command runs pp/cp layouts only where the cluster's engine lists them
+    assert "only where the cluster's engine lists them" in reasons["command:megatron"]

@@ -37,7 +37,7 @@ needs_torchtitan = pytest.mark.skipif(
 
 
 def gpu_spec(precision: str, layout: str, n: int, **overrides) -> RunSpec:
-    i = COUNTS.index(n) + LAYOUTS.index(layout)  # vary compile and AC across the grid
+    i = COUNTS.index(n) + (LAYOUTS.index(layout) if layout in LAYOUTS else 0)  # vary compile and AC across the grid
     kw = dict(
         model="8b",
         num_layers=4,
@@ -208,6 +208,7 @@ def test_titan_config_and_engine_reason_give_one_verdict(spec):
         ("bf16", "tp=2+fsdp", 4, {"seq_len": 2050}, "seq_len divisible by 2 x tp (4), not 2050"),
         ("bf16", "fsdp", 2, {"eval_every_steps": 5}, "set eval_every_steps 0 for engine torchtitan"),
         ("bf16", "fsdp", 2, {"device_type": "cpu"}, "not on the CPU"),
+        ("bf16", "pp=2+fsdp", 4, {}, "without pipeline or context parallelism (pp=2, cp=1)"),
     ],
 )
 def test_unsupported_points_are_refused_with_the_reason_by_both(precision, layout, n, overrides, words):

@@ -92,6 +92,32 @@ def test_ddp_2_ranks_fp8_rowwise_gw_hp(tmp_path):
     assert_learns(result, floor=0.92)
 
 
+def test_pp_2_stages_fp32_matches_single_process(fp32_single, tmp_path):
+    """Two pipeline stages, one DP rank, the reference's batch of 4 as 4 one-sequence micro-batches (1F1B): the
+    same weights (seeded by parameter name) and data, so the curve and the gradient norm match the one process's."""
+    rc, result, err = launch(make_spec("fp32", "pp=2+fsdp", 2), tmp_path, nproc=2)
+    assert rc == 0 and result.status == "succeeded", dump(result, err)
+    assert result.summary.tokens_per_step == 4 * 32 and result.environment.world_size == 2
+    for a, b in zip(losses(result), losses(fp32_single), strict=True):
+        assert a == pytest.approx(b, rel=1e-4)
+    for a, b in zip(result.steps, fp32_single.steps, strict=True):
+        assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)  # summed over the stages before the clip
+
+
+def test_pp_2_fsdp_2_fp8_tensorwise_with_eval(tmp_path):
+    """pp=2 x FSDP 2 (4 ranks), float8 on both stages, held-out evaluation through the pipeline."""
+    spec = make_spec("fp8-tensorwise", "pp=2+fsdp", 4, local_batch_size=2, steps=8, eval_every_steps=4, eval_batches=2)
+    rc, result, err = launch(spec, tmp_path, nproc=4)
+    assert rc == 0 and result.status == "succeeded", dump(result, err)
+    assert "fsdp over mesh {'dp_shard': 2}" in err
+    assert result.summary.num_float8_linears == 14  # 7 per block, one block per stage, summed over the stages
+    assert result.summary.tokens_per_step == 2 * 2 * 32  # two DP ranks of two sequences
+    evals = result.numerics.eval_curve
+    assert [e.step for e in evals] == [3, 7] and all(e.loss and e.loss < 8.0 for e in evals), evals
+    assert evals[1].loss < evals[0].loss
+    assert_learns(result, floor=0.92)
+
+
 # On CPU the MX recipes all run torchao's emulated kernels: mxfp8-cublas computes exactly what mxfp8-emulated
 # does (both RCEIL), so the loop trains the two scale roundings; tests/runner/test_units.py checks all three.
 LOW_PRECISIONS = (*FLOAT8_PRECISIONS, "mxfp8-emulated", "mxfp8-cublas-floor")
@@ -121,6 +147,12 @@ def test_invalid_config_before_device_work(tmp_path):
     assert rc != 0 and result.status == "failed" and result.error.kind == "invalid_config"
     assert "launched world size(1)" in result.error.message and "tp(3)" in result.error.message
     assert result.steps == [] and result.environment is None
+
+
+def test_pipeline_without_enough_micro_batches_is_invalid_config(tmp_path):
+    rc, result, err = launch(make_spec("bf16", "pp=2+fsdp", 2, local_batch_size=1), tmp_path, nproc=2)
+    assert rc != 0 and result.status == "failed" and result.error.kind == "invalid_config"
+    assert "local_batch_size" in result.error.message and result.steps == []
 
 
 def test_bad_spec_file_is_invalid_config(tmp_path):

@@ -295,3 +295,45 @@ def test_classify():
     assert classify(RuntimeError("[gloo] Timed out waiting 5000ms for recv operation")) == "comm_timeout"
     assert classify(torch.distributed.DistBackendError("NCCL watchdog")) == "comm_timeout"
     assert classify(KeyError("x")) == "error"
+
+
+def test_pipeline_stages_split_blocks_contiguously_heaviest_first():
+    from runner.parallel import stage_blocks
+
+    assert [list(stage_blocks(5, 2, s)) for s in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [len(stage_blocks(126, 8, s)) for s in range(8)] == [16] * 6 + [15] * 2  # max ceil(126 / 8)
+    for layers, pp in ((4, 4), (7, 3), (32, 4)):
+        blocks = [b for s in range(pp) for b in stage_blocks(layers, pp, s)]
+        assert blocks == list(range(layers))
+
+
+def test_keep_stage_keeps_names_and_root_modules():
+    from runner.model import Llama
+    from runner.parallel import keep_stage
+
+    def stage(index: int) -> Llama:
+        with torch.device("meta"):
+            model = Llama(get_shape("debug", 4), max_seq_len=16)
+        keep_stage(model, 2, index)
+        return model
+
+    first, last = stage(0), stage(1)
+    assert list(first.layers) == ["0", "1"] and list(last.layers) == ["2", "3"]
+    assert first.tok_embeddings is not None and first.norm is None and first.output is None
+    assert last.tok_embeddings is None and last.output is not None
+    names = {n for m in (first, last) for n, _ in m.named_parameters()}
+    with torch.device("meta"):
+        whole = {n for n, _ in Llama(get_shape("debug", 4), max_seq_len=16).named_parameters()}
+    assert names == whole  # the seeded init (by name) draws the unsplit model's weights
+
+
+def test_scalebench_layout_reason():
+    from core.contracts.specs import resolve_layout
+    from core.engines.registry import scalebench_layout_reason
+
+    pp2 = resolve_layout("pp=2+fsdp", 4)
+    assert scalebench_layout_reason(pp2, num_layers=4, local_batch_size=2) is None
+    assert "local_batch_size" in scalebench_layout_reason(pp2, num_layers=4, local_batch_size=1)
+    assert "num_layers(1)" in scalebench_layout_reason(pp2, num_layers=1, local_batch_size=2)
+    assert "context parallelism" in scalebench_layout_reason(resolve_layout("cp=2+fsdp", 4))
+    assert scalebench_layout_reason(resolve_layout("tp=2+fsdp", 4), local_batch_size=1) is None
