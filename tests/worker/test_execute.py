@@ -48,6 +48,14 @@ def test_submitted_runs_execute_and_store_results(cell, api, start_worker, celer
     assert f'scalebench_runs{{cluster="{cell.name}",status="succeeded"}} 2.0' in metrics
     assert f'scalebench_run_duration_seconds_count{{cluster="{cell.name}",status="succeeded"}} 2.0' in metrics
 
+    # A pipelined layout runs through the same path: two stages of one block each, 2 one-sequence micro-batches.
+    _, (pp_run,) = submit(api, cell, gpu_counts=[2], layouts=["pp=2+fsdp"], num_layers=2, local_batch_size=2)
+    run = cell.wait_status(pp_run, ("succeeded", "failed"), timeout_s=150)
+    assert run.status == "succeeded", f"{run.error_kind}: {run.error_message}"
+    with cell.session_factory() as s:
+        losses = s.scalars(sa.select(StepMetric.loss).where(StepMetric.run_id == pp_run)).all()
+    assert len(losses) == TINY["steps"] and all(x is not None and x > 0 for x in losses)  # the last stage's, reduced
+
 
 @pytest.mark.parametrize("fault, kind", [("error:1:0", "error"), ("oom:1:1", "oom")])
 def test_runner_failure_is_recorded_with_its_kind_and_log_tail(cell, api, start_worker, fault: str, kind: str) -> None:

@@ -249,3 +249,18 @@ def test_megatron_buckets_grow_with_the_data_parallel_group():
     assert megatron.blocks_per_unit(1 << 16) == 32  # never more than the stage's blocks
     c1, c4 = collectives(per_block, H100, 1024, 8), collectives(megatron, H100, 1024, 8)
     assert c4.ar_block > 3 * c1.ar_block  # one call carries four blocks' gradients
+
+
+def test_a_measured_pipeline_series_is_projected_as_itself():
+    """The runner measures pp=P+ layouts now: such a series is projected from its own N0, with its own bubble, and
+    its measured points carry their error."""
+    spec = SPEC | {"local_batch_size": 4}
+    report = project_report(
+        build_report(runs({2: 6000.0, 4: 5950.0, 8: 5900.0}, layout="pp=2+fsdp")), spec, used(H100), [2, 4, 8, 64]
+    )
+    [series] = report.series
+    assert series.key.layout == "pp=2+fsdp"
+    points = {p.num_devices: p for p in series.points}
+    assert points[4].measured_tokens_per_sec == pytest.approx(4 * 5950.0) and points[4].efficiency_error_pp is not None
+    assert points[64].status == "projected" and points[64].efficiency <= points[8].efficiency + 1e-9
+    assert not any("projected onto layout" in n for n in series.notes)  # its own layout, not laid out anew
