@@ -66,7 +66,9 @@ def validate(spec: RunSpec, world_size: int) -> None:
             problems.append(f"{field}({value}) of model {spec.model} is not divisible by tp({d.tp})")
     problems += mx_problems(spec)
     if spec.engine == "scalebench":  # runner.titan adds TorchTitan's own rules (runner.titan_config)
-        layout_reason = scalebench_layout_reason(d, num_layers=shape.num_layers, local_batch_size=spec.local_batch_size)
+        layout_reason = scalebench_layout_reason(
+            d, num_layers=shape.num_layers, local_batch_size=spec.local_batch_size, seq_len=spec.seq_len
+        )
         if layout_reason:
             problems.append(f"layout: {layout_reason}")
     if spec.data_path:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.catalog.shapes import ModelShape
+from runner.context import ContextShard
 
 # GQA inside SDPA (enable_gqa: the kernel reads each kv head for its query heads) instead of repeating k and v to
 # the query head count first (a copy of both in the forward, a reduction of their gradients in the backward, and
@@ -63,6 +64,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(shape.dim, kv_dim, bias=False)
         self.wv = nn.Linear(shape.dim, kv_dim, bias=False)
         self.wo = nn.Linear(shape.num_heads * shape.head_dim, shape.dim, bias=False)
+        # Set by runner.parallel.apply_cp under context parallelism: attention over the ranks' gathered keys.
+        self.context: ContextShard | None = None
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seq, _ = x.shape
@@ -76,8 +79,10 @@ class Attention(nn.Module):
         if gqa and not SDPA_GQA:
             k = k.repeat_interleave(self.num_rep, dim=1)
             v = v.repeat_interleave(self.num_rep, dim=1)
-        # cuDNN/flash kernel on CUDA
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa and SDPA_GQA)
+        if self.context is not None:
+            out = self.context.attention(q, k, v, gqa=gqa and SDPA_GQA)
+        else:  # cuDNN/flash kernel on CUDA
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa and SDPA_GQA)
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 
@@ -123,6 +128,8 @@ class Llama(nn.Module):
         self.output: nn.Linear | None = nn.Linear(shape.dim, shape.vocab_size, bias=False)
         # Not a parameter and not persistent: recomputed by init_weights after to_empty.
         self.register_buffer("rope", torch.empty(2, max_seq_len, shape.head_dim // 2), persistent=False)
+        # Set by runner.parallel.apply_cp: this rank's pieces of each sequence (their positions pick the rotation).
+        self.context: ContextShard | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (bs, seq) int64 -> logits (bs, seq, vocab). A pipeline stage without the embedding takes the
@@ -132,8 +139,12 @@ class Llama(nn.Module):
             # Residual stream in the autocast dtype (as FSDP's bf16 params give): torchao's Float8Linear
             # (rowwise_with_gw_hp) multiplies activations with their gradients and needs one dtype.
             h = h.to(torch.get_autocast_dtype(h.device.type))
-        # Hidden states under sequence-parallel TP hold a shard of the sequence; attention rotates the whole one.
-        rope = self.rope[:, : tokens.shape[1]] if self.tok_embeddings is not None else self.rope
+        if self.context is not None:  # this rank's pieces of the sequence, at their positions
+            rope = self.rope[:, self.context.positions(self.rope.device)]
+        elif self.tok_embeddings is not None:
+            rope = self.rope[:, : tokens.shape[1]]
+        else:  # hidden states under sequence-parallel TP hold a shard of the sequence; attention rotates all of it
+            rope = self.rope
         for layer in self.layers.values():
             h = layer(h, rope)
         if self.norm is not None:

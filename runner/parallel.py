@@ -1,9 +1,10 @@
 """Parallelism as plain functions over a model and a mesh, applied by one parallelize() in a fixed order.
 
-Mesh: one `init_device_mesh` with named dims ("pp", "dp_replicate", "dp_shard", "tp"), sizes from
-RunSpec.degrees (size-1 dims included, so every dim can be named in every layout). Pipeline stages are the
-outermost dim (TorchTitan's and Megatron's order): a rank keeps its stage of the model (keep_stage) before the
-other steps, which then apply to that stage only.
+Mesh: one `init_device_mesh` with named dims ("pp", "dp_replicate", "dp_shard", "cp", "tp"), sizes from
+RunSpec.degrees (size-1 dims included, so every dim can be named in every layout): TP innermost, then context
+parallel, data parallel, and pipeline stages outermost (TorchTitan's and Megatron's order). A rank keeps its stage
+of the model (keep_stage) before the other steps, which then apply to that stage only. Context-parallel ranks hold
+gradients of the same parameters, so the data-parallel wrapper spans DP x CP ranks (dp_mesh_of).
 
 Mixed precision keeps fp32 master weights in every layout: a data-parallel wrapper (FSDP2 / HSDP /
 replicate) casts parameters to bf16 through its MixedPrecisionPolicy (fp32 gradient reduction); with no
@@ -19,16 +20,17 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from core.contracts.specs import ParallelDegrees, RunSpec
+from runner.context import context_shard
 from runner.fp8 import apply_float8, is_fp8
-from runner.model import Llama
+from runner.model import Block, Llama
 
 log = logging.getLogger(__name__)
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 def build_mesh(device_type: str, degrees: ParallelDegrees) -> DeviceMesh:
-    shape = (degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.tp)
+    shape = (degrees.pp, degrees.dp_replicate, degrees.dp_shard, degrees.cp, degrees.tp)
     return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
 
 
@@ -57,8 +59,14 @@ def keep_stage(model: Llama, pp: int, stage: int) -> None:
 
 
 def uses_dp_wrapper(degrees: ParallelDegrees) -> bool:
-    """True when FSDP2/HSDP/replicate wraps the model (and owns the bf16 cast); False -> autocast."""
-    return degrees.dp_mode != "none" and degrees.dp_degree > 1
+    """True when FSDP2/HSDP/replicate wraps the model (and owns the bf16 cast); False -> autocast. Context-parallel
+    ranks need it too: their gradients are averaged like data-parallel ranks'."""
+    return degrees.dp_mode != "none" and degrees.dp_degree * degrees.cp > 1
+
+
+def shards_parameters(degrees: ParallelDegrees) -> bool:
+    """FSDP or HSDP with more than one shard (over DP shard x CP ranks)."""
+    return uses_dp_wrapper(degrees) and degrees.dp_mode != "ddp" and degrees.dp_shard * degrees.cp > 1
 
 
 def param_dtype(precision: str) -> torch.dtype:
@@ -125,6 +133,20 @@ def apply_tp(model: Llama, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
     log.info("tensor parallel over %d ranks (sequence parallel, float8 styles=%s)", tp_mesh.size(), float8_tp)
 
 
+# --------------------------------------------------------------------------------------- context parallel
+
+
+def apply_cp(model: Llama, mesh: DeviceMesh, seq_len: int) -> None:
+    """Context parallel over the mesh's "cp" dim: the model takes this rank's pieces of each sequence
+    (runner.context.ContextShard.local) and its attention gathers the other ranks' keys and values."""
+    shard = context_shard(mesh, seq_len)
+    model.context = shard
+    for block in model.layers.values():
+        assert isinstance(block, Block)  # before activation checkpointing and compile wrap the blocks
+        block.attention.context = shard
+    log.info("context parallel over %d ranks (pieces %s of %d)", shard.size, shard.pieces, 2 * shard.size)
+
+
 # ------------------------------------------------------------------------------ checkpointing, compile
 
 
@@ -138,14 +160,24 @@ def apply_ac(model: Llama) -> None:
 
 def apply_compile(model: Llama) -> None:
     """torch.compile each block (identical blocks share one compiled graph: compile time ~ one block)."""
+    # Context parallel's attention runs eagerly (runner.context.ContextShard.attention): a graph break per block.
+    fullgraph = model.context is None
     for name, block in model.layers.items():
-        model.layers[name] = torch.compile(block, fullgraph=True)  # type: ignore[assignment]  # a Module's is a Module
+        model.layers[name] = torch.compile(block, fullgraph=fullgraph)  # type: ignore[assignment]  # a Module's is a Module
 
 
 # ------------------------------------------------------------------------------------ data parallel
 
 
 def dp_mesh_of(mesh: DeviceMesh, degrees: ParallelDegrees) -> DeviceMesh:
+    """The data-parallel wrapper's mesh: its DP dims, with the CP dim folded into the shard (or, for DDP, the
+    replicate) dim where cp > 1 (TorchTitan's dp_shard_cp)."""
+    if degrees.cp > 1:
+        inner = "dp_replicate" if degrees.dp_mode == "ddp" else "dp_shard"
+        mesh[inner, "cp"]._flatten(f"{inner}_cp")  # registers the flattened dim on the root mesh
+        if degrees.dp_mode == "hsdp":
+            return mesh["dp_replicate", "dp_shard_cp"]
+        return mesh[f"{inner}_cp"]
     if degrees.dp_mode == "hsdp":
         return mesh["dp_replicate", "dp_shard"]  # 2-D: replicate across groups, shard within
     if degrees.dp_mode == "ddp":
@@ -192,11 +224,14 @@ def parallelize(model: Llama, mesh: DeviceMesh, spec: RunSpec) -> dict:
         keep_stage(model, degrees.pp, mesh["pp"].get_local_rank())
     # 1. float8 first: TP and FSDP must see Float8Linear modules to pick their float8-aware paths.
     if is_fp8(spec.precision):
-        fp8_all_gather = spec.fp8_all_gather and uses_dp_wrapper(degrees) and degrees.dp_shard > 1
+        fp8_all_gather = spec.fp8_all_gather and shards_parameters(degrees)
         if spec.fp8_all_gather and not fp8_all_gather:
             log.warning("fp8_all_gather ignored: no FSDP sharding in this layout (%s)", spec.layout)
         config, n = apply_float8(model, spec.precision, emulate=device_type == "cpu", fp8_all_gather=fp8_all_gather)
         facts.update(fp8_config=config, num_float8_linears=n, fp8_all_gather=fp8_all_gather)
+    # 1b. context parallel: attention modules learn their rank's pieces (before any wrapper hides them).
+    if degrees.cp > 1:
+        apply_cp(model, mesh, spec.seq_len)
     # 2. tensor parallel on the innermost mesh dim (fastest links).
     if degrees.tp > 1:
         float8_tp = spec.precision == "fp8-tensorwise" and device_type == "cuda"

@@ -21,8 +21,9 @@ from torch.distributed.tensor import DTensor
 from core.analysis.summary import step_records, summarize
 from core.contracts.specs import EvalPoint, Numerics, RunResult, RunSpec
 from runner import failures
+from runner.context import LocalPieces
 from runner.corpus import describe
-from runner.data import make_batches, make_eval_batches, resolve_data
+from runner.data import Batches, make_batches, make_eval_batches, resolve_data
 from runner.env import capture_environment, expected_fp8_dtypes, gather_hosts, peaks_for, probe_device
 from runner.fp8 import fp8_dtypes_of_config, is_fp8, precompute_fp8_scales
 from runner.metrics import DeviceLog, StepTimer, peak_memory_gib
@@ -115,7 +116,7 @@ def build_model(spec: RunSpec, mesh, device: torch.device):
 
 
 def dp_rank_of(mesh, spec: RunSpec) -> int:
-    _, rep, shard, _ = mesh.get_coordinate()
+    _, rep, shard, _, _ = mesh.get_coordinate()
     return rep * spec.degrees.dp_shard + shard
 
 
@@ -230,10 +231,13 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
         info, hosts=hosts, world_size=spec.num_devices, backend=dist.get_backend(), fp8_dtypes=fp8_dtypes
     )
     shape = spec.shape
-    batches = make_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
-    eval_batches = (
+    batches: Batches | LocalPieces = make_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device)
+    eval_batches: Batches | LocalPieces | None = (
         make_eval_batches(spec, shape.vocab_size, dp_rank_of(mesh, spec), device) if spec.eval_every_steps else None
     )
+    if model.context is not None:  # context parallel: this rank's pieces of every sequence
+        batches = LocalPieces(batches, model.context)
+        eval_batches = LocalPieces(eval_batches, model.context) if eval_batches is not None else None
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=spec.lr,

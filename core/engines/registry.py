@@ -81,7 +81,9 @@ def engine_reason(
     num_layers and local_batch_size (the point's) let the rules that depend on them refuse at POST time too;
     None/0 skips those rules."""
     if engine == "scalebench":
-        return scalebench_layout_reason(degrees, num_layers=num_layers, local_batch_size=local_batch_size)
+        return scalebench_layout_reason(
+            degrees, num_layers=num_layers, local_batch_size=local_batch_size, seq_len=seq_len
+        )
     if engine == "torchtitan":
         if not cluster.torchtitan:
             return f"cluster {cluster.name!r} does not offer engine torchtitan: {TORCHTITAN_INSTALL_HINT}"
@@ -107,16 +109,28 @@ def engine_reason(
 
 
 def scalebench_layout_reason(
-    degrees: ParallelDegrees, *, num_layers: int | None = None, local_batch_size: int | None = None
+    degrees: ParallelDegrees,
+    *,
+    num_layers: int | None = None,
+    local_batch_size: int | None = None,
+    seq_len: int | None = None,
 ) -> str | None:
     """Why the scalebench runner cannot execute these degrees, or None: the one rule of engine_reason (POST time)
     and runner.failures.validate (the run). Pipeline stages run runner.pipeline's 1F1B schedule of one-sequence
-    micro-batches, which needs a block per stage and at least as many micro-batches as stages."""
+    micro-batches, which needs a block per stage and at least as many micro-batches as stages; context parallel
+    (runner.context) cuts each sequence into 2 x cp pieces and runs beside data parallelism only."""
     if degrees.cp > 1:
-        return (
-            f"the scalebench runner does not execute context parallelism yet (cp={degrees.cp}): such a layout is "
-            "for GET /experiments/{id}/projection and /plan"
-        )
+        if degrees.tp > 1 or degrees.pp > 1:
+            return (
+                f"the scalebench runner executes context parallelism with fsdp, hsdp or ddp only, not with tensor or "
+                f"pipeline parallelism (cp={degrees.cp}, tp={degrees.tp}, pp={degrees.pp}): such a layout is for "
+                "GET /experiments/{id}/projection and /plan"
+            )
+        if seq_len is not None and seq_len % (2 * degrees.cp):
+            return (
+                f"cp={degrees.cp} cuts each sequence into {2 * degrees.cp} pieces: seq_len({seq_len}) is not divisible"
+            )
+        return None
     if degrees.pp == 1:
         return None
     if num_layers is not None and degrees.pp > num_layers:

@@ -163,19 +163,20 @@ def test_unknown_field_lists_the_fields_of_the_model_it_was_sent_to(client) -> N
     assert "gpu_counts" in errors["spec.colour"]["allowed"]
 
 
-def test_pipeline_points_run_and_context_parallel_points_are_skipped_with_the_reason(client, queued_messages):
-    body = BODY | {"name": "pp-cp", "layouts": ["fsdp", "pp=2+fsdp", "cp=2+fsdp"], "gpu_counts": [2, 4]}
+def test_pipeline_and_context_parallel_points_run_or_are_skipped_with_the_reason(client, queued_messages):
+    layouts = ["fsdp", "pp=2+fsdp", "cp=2+fsdp", "cp=2+tp=2"]
+    body = BODY | {"name": "pp-cp", "layouts": layouts, "gpu_counts": [2, 4]}
     r = client.post("/experiments", json=body | {"local_batch_size": 2})
     assert r.status_code == 201, r.text
     out = r.json()
-    assert out["num_runs"] == 8  # fsdp and pp=2+fsdp at 2 and 4, both precisions
+    assert out["num_runs"] == 12  # fsdp, pp=2+fsdp and cp=2+fsdp at 2 and 4, both precisions
     skipped = {(s["layout"], s["num_devices"]): s["reason"] for s in out["skipped"]}
-    assert set(skipped) == {("cp=2+fsdp", 2), ("cp=2+fsdp", 4)}
-    assert all("does not execute context parallelism yet" in v for v in skipped.values())
+    assert set(skipped) == {("cp=2+tp=2", 2), ("cp=2+tp=2", 4)}
+    assert "not with tensor or pipeline parallelism" in skipped[("cp=2+tp=2", 4)]
     # one sequence per data-parallel rank cannot fill a two-stage 1F1B pipeline: skipped, with the field to raise
     one = client.post("/experiments", json=body | {"name": "pp-1", "local_batch_size": 1}).json()
     reasons = {(s["layout"], s["num_devices"]): s["reason"] for s in one["skipped"]}
-    assert "local_batch_size" in reasons[("pp=2+fsdp", 2)] and one["num_runs"] == 4
+    assert "local_batch_size" in reasons[("pp=2+fsdp", 2)] and one["num_runs"] == 8  # fsdp and cp=2+fsdp
     deep = client.post(
         "/experiments",
         json=body | {"name": "pp-deep", "layouts": ["pp=4+fsdp"], "num_layers": 2, "local_batch_size": 4},

@@ -335,5 +335,21 @@ def test_scalebench_layout_reason():
     assert scalebench_layout_reason(pp2, num_layers=4, local_batch_size=2) is None
     assert "local_batch_size" in scalebench_layout_reason(pp2, num_layers=4, local_batch_size=1)
     assert "num_layers(1)" in scalebench_layout_reason(pp2, num_layers=1, local_batch_size=2)
-    assert "context parallelism" in scalebench_layout_reason(resolve_layout("cp=2+fsdp", 4))
+    assert scalebench_layout_reason(resolve_layout("cp=2+fsdp", 4), seq_len=32) is None
+    assert "seq_len(30)" in scalebench_layout_reason(resolve_layout("cp=2+fsdp", 4), seq_len=30)
+    assert "not with tensor or pipeline" in scalebench_layout_reason(resolve_layout("cp=2+tp=2", 4))
     assert scalebench_layout_reason(resolve_layout("tp=2+fsdp", 4), local_batch_size=1) is None
+
+
+def test_context_pieces_balance_the_causal_work_and_cover_the_sequence():
+    from runner.context import ContextShard
+
+    shards = [ContextShard(mesh=None, rank=r, size=4, seq_len=32) for r in range(4)]  # type: ignore[arg-type]
+    assert [s.pieces for s in shards] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    seq = torch.arange(32)[None, :]
+    held = torch.cat([s.local(seq) for s in shards], dim=1)
+    assert sorted(held[0].tolist()) == list(range(32))
+    for s in shards:
+        assert torch.equal(s.local(seq)[0], s.positions(torch.device("cpu")))
+    # keys each rank's queries attend to: (p + 1) x 4 per piece p, the same sum on every rank
+    assert {sum((p + 1) * 4 for p in s.pieces) for s in shards} == {36}
