@@ -76,29 +76,47 @@ def modelled(m: int, args) -> tuple[float, float]:
     return share, w.bubble(2)
 
 
+def line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (slope, intercept) of ys on xs."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4, 8, 16])
     args = ap.parse_args()
     started = time.perf_counter()
-    rows = []
-    for m in args.micro_batches:
-        one = timed("fsdp", 1, m, args)
-        pp = timed("pp=2+fsdp", 2, m, args)
-        share, bubble = modelled(m, args)
-        rows.append((m, one, pp, pp / one, share, bubble, share * bubble))
+    ms = args.micro_batches
+    one = [timed("fsdp", 1, m, args) for m in ms]
+    pp = [timed("pp=2+fsdp", 2, m, args) for m in ms]
+    # 1F1B: a stage works m + P - 1 micro-batch slots a step (m of its own, P - 1 waiting in fill and drain)
+    slot, fixed = line([m + 1.0 for m in ms], pp)
+    per_seq, one_fixed = line([float(m) for m in ms], one)
     print(
         f"debug shape x{args.layers} blocks, seq {args.seq_len}, fp32, {STEPS} steps ({WARMUP} warm-up), "
         f"one thread a rank; torch {torch.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()}; {time.perf_counter() - started:.0f} s"
     )
-    print("| m | one process, ms | pp=2 (2 ranks), ms | measured ratio | stage FLOP share | bubble | modelled ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for m, one, pp, ratio, share, bubble, model in rows:
-        print(f"| {m} | {one:.1f} | {pp:.1f} | {ratio:.3f} | {share:.3f} | {bubble:.3f} | {model:.3f} |")
-    print(f"mean |measured - modelled| ratio: {statistics.mean(abs(r[3] - r[6]) for r in rows):.3f}")
+    print(
+        "| m | one process, ms | pp=2 (2 ranks), ms | measured ratio | modelled ratio (FLOP share x bubble) "
+        "| pp=2 on the 1F1B line, ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for m, t1, tp in zip(ms, one, pp):
+        share, bubble = modelled(m, args)
+        print(f"| {m} | {t1:.1f} | {tp:.1f} | {tp / t1:.3f} | {share:.3f} x {bubble:.3f} = {share * bubble:.3f} "
+              f"| {fixed + slot * (m + 1):.1f} |")  # fmt: skip
+    share, _ = modelled(ms[0], args)
+    worst = max(abs(tp - (fixed + slot * (m + 1))) / tp for m, tp in zip(ms, pp))
+    print(
+        f"1F1B line: pp=2 step = {fixed:.1f} ms + {slot:.1f} ms x (m + 1) slots, worst residual {worst:.1%}; "
+        f"one process: {one_fixed:.1f} ms + {per_seq:.1f} ms x m. A slot costs {slot / per_seq:.3f} of the one "
+        f"process's time per sequence (the slowest stage's FLOP share: {share:.3f})."
+    )
 
 
 if __name__ == "__main__":
