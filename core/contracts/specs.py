@@ -356,9 +356,9 @@ class ExperimentSpec(Strict):
         max_length=8,
         description=(
             f"Parallelism layout templates that scale with N: {LAYOUT_FORMS}. Engine scalebench runs pp=P+ as a 1F1B "
-            "pipeline of one-sequence micro-batches (at least P sequences per data-parallel rank) and cp=C+ beside "
-            "fsdp, hsdp or ddp (seq_len divisible by 2C); other pp/cp points, and pp/cp on other engines, are "
-            "skipped with the reason (they are for /projection and /plan)."
+            "pipeline of one-sequence micro-batches (at least P sequences per data-parallel rank) and cp=C+ by "
+            "gathering keys and values (seq_len divisible by 2C x T; with fsdp, hsdp or ddp); other pp/cp points, "
+            "and pp/cp on other engines, are skipped with the reason (they still project: /projection, /plan)."
         ),
     )
     engines: list[Annotated[Text, Field(max_length=80)]] = Field(

@@ -118,19 +118,22 @@ def scalebench_layout_reason(
     """Why the scalebench runner cannot execute these degrees, or None: the one rule of engine_reason (POST time)
     and runner.failures.validate (the run). Pipeline stages run runner.pipeline's 1F1B schedule of one-sequence
     micro-batches, which needs a block per stage and at least as many micro-batches as stages; context parallel
-    (runner.context) cuts each sequence into 2 x cp pieces and runs beside data parallelism only."""
+    (runner.context) cuts each sequence into 2 x cp pieces and needs a data-parallel form to average its ranks'
+    gradients."""
     if degrees.cp > 1:
-        if degrees.tp > 1 or degrees.pp > 1:
+        if degrees.dp_mode == "none":
+            # without a data-parallel wrapper nothing would average the CP ranks' gradients
             return (
-                f"the scalebench runner executes context parallelism with fsdp, hsdp or ddp only, not with tensor or "
-                f"pipeline parallelism (cp={degrees.cp}, tp={degrees.tp}, pp={degrees.pp}): such a layout is for "
-                "GET /experiments/{id}/projection and /plan"
+                f"cp={degrees.cp} averages its ranks' gradients through the data-parallel form: use "
+                f"cp={degrees.cp}+tp={degrees.tp}+fsdp, not cp={degrees.cp}+tp={degrees.tp}"
             )
-        if seq_len is not None and seq_len % (2 * degrees.cp):
+        divisor = 2 * degrees.cp * degrees.tp  # 2 cp pieces, each rank's pair split again by sequence-parallel TP
+        if seq_len is not None and seq_len % divisor:
+            sharded = f" and tp={degrees.tp} shards a rank's pieces" if degrees.tp > 1 else ""
             return (
-                f"cp={degrees.cp} cuts each sequence into {2 * degrees.cp} pieces: seq_len({seq_len}) is not divisible"
+                f"cp={degrees.cp} cuts each sequence into {2 * degrees.cp} pieces{sharded}: seq_len({seq_len}) must "
+                f"be divisible by {divisor}"
             )
-        return None
     if degrees.pp == 1:
         return None
     if num_layers is not None and degrees.pp > num_layers:
@@ -153,7 +156,7 @@ def torchtitan_point_reason(
     if degrees.pp > 1 or degrees.cp > 1:
         return (
             f"torchtitan runs here without pipeline or context parallelism (pp={degrees.pp}, cp={degrees.cp}): "
-            "engine scalebench runs pp=P+ layouts"
+            "engine scalebench runs pp=P+ and cp=C+ layouts"
         )
     if device_type != "cuda":
         # tools/utils.py falls back to device "cuda" when no accelerator is found, and the Trainer's first act is

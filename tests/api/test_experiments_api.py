@@ -172,7 +172,7 @@ def test_pipeline_and_context_parallel_points_run_or_are_skipped_with_the_reason
     assert out["num_runs"] == 12  # fsdp, pp=2+fsdp and cp=2+fsdp at 2 and 4, both precisions
     skipped = {(s["layout"], s["num_devices"]): s["reason"] for s in out["skipped"]}
     assert set(skipped) == {("cp=2+tp=2", 2), ("cp=2+tp=2", 4)}
-    assert "not with tensor or pipeline parallelism" in skipped[("cp=2+tp=2", 4)]
+    assert "use cp=2+tp=2+fsdp" in skipped[("cp=2+tp=2", 4)]
     # one sequence per data-parallel rank cannot fill a two-stage 1F1B pipeline: skipped, with the field to raise
     one = client.post("/experiments", json=body | {"name": "pp-1", "local_batch_size": 1}).json()
     reasons = {(s["layout"], s["num_devices"]): s["reason"] for s in one["skipped"]}

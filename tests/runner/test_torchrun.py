@@ -131,6 +131,16 @@ def test_cp_2_ranks_fp32_matches_single_process(fp32_single, tmp_path):
         assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
 
 
+def test_pp_2_cp_2_tp_2_fp32_matches_single_process(fp32_single, tmp_path):
+    """All three model-parallel forms at once (8 ranks: 2 stages x 2 CP ranks x 2 TP ranks, FSDP over the CP
+    pair): still the one process's curve."""
+    rc, result, err = launch(make_spec("fp32", "pp=2+cp=2+tp=2+fsdp", 8, steps=6), tmp_path, nproc=8)
+    assert rc == 0 and result.status == "succeeded", dump(result, err)
+    assert "fsdp over mesh {'dp_shard_cp': 2}" in err and "tensor parallel over 2 ranks" in err
+    for a, b in zip(losses(result), losses(fp32_single)[:6], strict=True):
+        assert a == pytest.approx(b, rel=1e-4)
+
+
 def test_cp_2_fsdp_2_fp8_rowwise_with_eval(tmp_path):
     """cp=2 x FSDP 2 (4 ranks: FSDP shards over the 4 DP x CP ranks), float8, held-out evaluation."""
     spec = make_spec("fp8-rowwise", "cp=2+fsdp", 4, local_batch_size=2, steps=8, eval_every_steps=4, eval_batches=2)

@@ -337,7 +337,9 @@ def test_scalebench_layout_reason():
     assert "num_layers(1)" in scalebench_layout_reason(pp2, num_layers=1, local_batch_size=2)
     assert scalebench_layout_reason(resolve_layout("cp=2+fsdp", 4), seq_len=32) is None
     assert "seq_len(30)" in scalebench_layout_reason(resolve_layout("cp=2+fsdp", 4), seq_len=30)
-    assert "not with tensor or pipeline" in scalebench_layout_reason(resolve_layout("cp=2+tp=2", 4))
+    assert "use cp=2+tp=2+fsdp" in scalebench_layout_reason(resolve_layout("cp=2+tp=2", 4))
+    assert "divisible by 8" in scalebench_layout_reason(resolve_layout("cp=2+tp=2+fsdp", 4), seq_len=36)
+    assert scalebench_layout_reason(resolve_layout("pp=2+cp=2+tp=2+fsdp", 8), seq_len=32, local_batch_size=2) is None
     assert scalebench_layout_reason(resolve_layout("tp=2+fsdp", 4), local_batch_size=1) is None
 
 
