@@ -74,7 +74,7 @@ def plan(cluster: Cluster, exps: list[ExperimentSpec], num_devices: int):
     """(runs to make, in order; [(experiment index, RunSpec)] per experiment; not-run lines; impossible lines).
 
     Expansion is against the cluster at the issue's full size, so that points beyond the devices present
-    are named ('not run: only K GPUs lent') apart from points the matrix itself refuses."""
+    are named ('not run: only K GPUs present') apart from points the matrix itself refuses."""
     full = cluster.model_copy(update={"gpus_per_node": max(num_devices, *(max(e.gpu_counts) for e in exps))})
     unique: dict[tuple[str, int], RunSpec] = {}
     members: list[tuple[int, RunSpec]] = []
@@ -94,7 +94,9 @@ def plan(cluster: Cluster, exps: list[ExperimentSpec], num_devices: int):
         unique.values(),
         key=lambda r: (r.num_devices, PRECISION_ORDER.index(r.precision), r.layout != "fsdp", r.layout, r.repeat),
     )
-    lines = [f"{p}/{lay} N={','.join(map(str, ns))}: only {num_devices} GPUs lent" for (p, lay), ns in not_run.items()]
+    lines = [
+        f"{p}/{lay} N={','.join(map(str, ns))}: only {num_devices} GPUs present" for (p, lay), ns in not_run.items()
+    ]
     return order, members, lines, list(dict.fromkeys(impossible))
 
 

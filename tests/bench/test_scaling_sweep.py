@@ -29,7 +29,7 @@ def test_plan_on_one_gpu_runs_the_three_n1_points_bf16_first_and_names_the_rest(
     assert all(r.num_layers == 28 and r.seq_len == 8192 and r.compile and r.device_type == "cuda" for r in order)
     # bf16 is in both experiments with one run key: 2 experiments x 2 precisions x (fsdp 4 + tp=2+fsdp 3) points
     assert len(members) == 28 and len({(r.run_key(), r.repeat) for _, r in members}) == 21
-    assert "fp8-rowwise/tp=2+fsdp N=2,4,8: only 1 GPUs lent" in not_run and len(not_run) == 6
+    assert "fp8-rowwise/tp=2+fsdp N=2,4,8: only 1 GPUs present" in not_run and len(not_run) == 6
     assert "bf16/tp=2+fsdp/N=1: tp degree 2 does not divide 1 devices" in impossible
 
 
