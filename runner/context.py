@@ -15,13 +15,12 @@ sequences would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
-from torch.nn.attention.bias import causal_lower_right
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,10 @@ class ContextShard:
     rank: int
     size: int
     seq_len: int
+    # gathered_attention, or under compiled blocks the same outside the graph (torch.compiler.disable): its gather
+    # and two attention kernels gain nothing from inductor, and dynamo's shape guards over the causal-bias
+    # subclass fail (IndexError in produce_guards)
+    attend: Callable[..., torch.Tensor] | None = None
 
     @property
     def piece(self) -> int:
@@ -51,34 +54,41 @@ class ContextShard:
         c = self.piece
         return torch.cat([x.narrow(dim, p * c, c) for p in self.pieces], dim=dim)
 
-    # Eager under a compiled block (a graph break): its gather and the two attention kernels gain nothing from
-    # inductor, and dynamo's shape guards over the causal-bias subclass fail (IndexError in produce_guards).
-    @torch.compiler.disable
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gqa: bool) -> torch.Tensor:
         """Causal attention of this rank's queries over the whole sequence's keys and values. q, k, v: (batch,
         heads, 2 pieces, head_dim) of this rank, positions already rotated in; returns q's shape."""
-        c, n = self.piece, self.size
-        kv = torch.stack([k, v]).unsqueeze(0)  # (1, 2, batch, kv heads, 2c, head_dim)
-        # All ranks' keys and values, gathered along the new first dim (its backward reduce-scatters the grads).
-        every = funcol.all_gather_single_autograd(kv, 0, self.mesh.get_group())
-        # piece p is the first half of rank p's for p < n, the second half of rank 2n - 1 - p's otherwise
-        ordered = torch.cat(
-            [every[p, ..., :c, :] if p < n else every[2 * n - 1 - p, ..., c:, :] for p in range(2 * n)], dim=-2
-        )
-        keys, values = ordered[0], ordered[1]
-        out = []
-        for i, p in enumerate(self.pieces):
-            end = (p + 1) * c  # the piece's queries see the keys up to its own last position
-            out.append(
-                F.scaled_dot_product_attention(
-                    q[..., i * c : (i + 1) * c, :],
-                    keys[..., :end, :],
-                    values[..., :end, :],
-                    attn_mask=causal_lower_right(c, end),
-                    enable_gqa=gqa,
-                )
+        return (self.attend or gathered_attention)(self, q, k, v, gqa)
+
+
+def gathered_attention(
+    shard: ContextShard, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool
+) -> torch.Tensor:
+    """ContextShard.attention. Imports inside: torch.nn.attention.bias loads dynamo (0.5 s of every rank's start)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.nn.attention.bias import causal_lower_right
+
+    c, n = shard.piece, shard.size
+    kv = torch.stack([k, v]).unsqueeze(0)  # (1, 2, batch, kv heads, 2c, head_dim)
+    # All ranks' keys and values, gathered along the new first dim (its backward reduce-scatters the grads).
+    every = funcol.all_gather_single_autograd(kv, 0, shard.mesh.get_group())
+    # piece p is the first half of rank p's for p < n, the second half of rank 2n - 1 - p's otherwise
+    ordered = torch.cat(
+        [every[p, ..., :c, :] if p < n else every[2 * n - 1 - p, ..., c:, :] for p in range(2 * n)], dim=-2
+    )
+    keys, values = ordered[0], ordered[1]
+    out = []
+    for i, p in enumerate(shard.pieces):
+        end = (p + 1) * c  # the piece's queries see the keys up to its own last position
+        out.append(
+            F.scaled_dot_product_attention(
+                q[..., i * c : (i + 1) * c, :],
+                keys[..., :end, :],
+                values[..., :end, :],
+                attn_mask=causal_lower_right(c, end),
+                enable_gqa=gqa,
             )
-        return torch.cat(out, dim=-2)
+        )
+    return torch.cat(out, dim=-2)
 
 
 class LocalPieces:
@@ -92,7 +102,8 @@ class LocalPieces:
         return self.shard.local(inputs), self.shard.local(labels)
 
 
-def context_shard(mesh: DeviceMesh, seq_len: int) -> ContextShard:
-    """This rank's shard of the "cp" dim of the run's mesh."""
+def context_shard(mesh: DeviceMesh, seq_len: int, *, compiled: bool = False) -> ContextShard:
+    """This rank's shard of the "cp" dim of the run's mesh; compiled: the blocks will be compiled."""
     cp = mesh["cp"]
-    return ContextShard(mesh=cp, rank=cp.get_local_rank(), size=cp.size(), seq_len=seq_len)
+    attend = torch.compiler.disable(gathered_attention) if compiled else gathered_attention
+    return ContextShard(mesh=cp, rank=cp.get_local_rank(), size=cp.size(), seq_len=seq_len, attend=attend)

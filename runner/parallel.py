@@ -136,10 +136,10 @@ def apply_tp(model: Llama, tp_mesh: DeviceMesh, *, float8_tp: bool) -> None:
 # --------------------------------------------------------------------------------------- context parallel
 
 
-def apply_cp(model: Llama, mesh: DeviceMesh, seq_len: int) -> None:
+def apply_cp(model: Llama, mesh: DeviceMesh, seq_len: int, *, compiled: bool) -> None:
     """Context parallel over the mesh's "cp" dim: the model takes this rank's pieces of each sequence
     (runner.context.ContextShard.local) and its attention gathers the other ranks' keys and values."""
-    shard = context_shard(mesh, seq_len)
+    shard = context_shard(mesh, seq_len, compiled=compiled)
     model.context = shard
     for block in model.layers.values():
         assert isinstance(block, Block)  # before activation checkpointing and compile wrap the blocks
@@ -231,7 +231,7 @@ def parallelize(model: Llama, mesh: DeviceMesh, spec: RunSpec) -> dict:
         facts.update(fp8_config=config, num_float8_linears=n, fp8_all_gather=fp8_all_gather)
     # 1b. context parallel: attention modules learn their rank's pieces (before any wrapper hides them).
     if degrees.cp > 1:
-        apply_cp(model, mesh, spec.seq_len)
+        apply_cp(model, mesh, spec.seq_len, compiled=spec.compile)
     # 2. tensor parallel on the innermost mesh dim (fastest links).
     if degrees.tp > 1:
         float8_tp = spec.precision == "fp8-tensorwise" and device_type == "cuda"
