@@ -278,6 +278,11 @@ def test_validate_mx_needs_token_blocks_of_32_and_no_tp():
     validate(make_spec("mxfp8-emulated", "fsdp", 1), 1)  # 4 x 32 tokens: fine
 
 
+def test_validate_refuses_a_pipeline_without_enough_micro_batches():
+    with pytest.raises(InvalidConfig, match="local_batch_size"):
+        validate(make_spec("bf16", "pp=2+fsdp", 2, local_batch_size=1), 2)
+
+
 def test_validate_names_every_problem():
     spec = make_spec(layout="tp=3", num_devices=3)
     with pytest.raises(InvalidConfig) as err:
