@@ -70,7 +70,9 @@ def gathered_attention(
     c, n = shard.piece, shard.size
     kv = torch.stack([k, v]).unsqueeze(0)  # (1, 2, batch, kv heads, 2c, head_dim)
     # All ranks' keys and values, gathered along the new first dim (its backward reduce-scatters the grads).
-    every = funcol.all_gather_single_autograd(kv, 0, shard.mesh.get_group())
+    # all_gather_single_autograd where torch has it (it deprecates all_gather_tensor_autograd; the same call)
+    gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    every = gather(kv, 0, shard.mesh.get_group())
     # piece p is the first half of rank p's for p < n, the second half of rank 2n - 1 - p's otherwise
     ordered = torch.cat(
         [every[p, ..., :c, :] if p < n else every[2 * n - 1 - p, ..., c:, :] for p in range(2 * n)], dim=-2
