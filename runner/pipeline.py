@@ -52,7 +52,7 @@ class Pipeline:
             step(*args, target=labels, losses=losses)
             return torch.stack([x.detach().float() for x in losses]).mean()
         step(*args)
-        return torch.zeros((), device=self.device)  # no loss on this stage (mean_over_loss_ranks adds it as 0)
+        return torch.zeros((), device=self.device)  # no loss here: the reduce over ranks adds 0 (loss_ranks)
 
     def train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward and backward of the local batch; the mean micro-batch loss on the last stage, 0 elsewhere."""
