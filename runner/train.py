@@ -311,8 +311,17 @@ def _run(spec: RunSpec, state: failures.RunState, trace_dir: Path | None) -> Non
         failures.maybe_inject(fault, step)
         if (step + 1) % log_every == 0 or step == spec.steps - 1:
             # loss.item(): CPU-GPU sync point, every log_every steps only (this rank's loss).
-            where = "" if pipeline is None or pipeline.last else " (first stages hold no loss)"
-            log.info("step %d/%d loss %.4f%s lr %.2e", step + 1, spec.steps, loss.item(), where, state.lrs[-1])
+            if pipeline is None or pipeline.last:
+                log.info("step %d/%d loss %.4f lr %.2e", step + 1, spec.steps, loss.item(), state.lrs[-1])
+            else:  # an earlier pipeline stage computes no loss
+                log.info(
+                    "step %d/%d (stage %d of %d) lr %.2e",
+                    step + 1,
+                    spec.steps,
+                    pipeline.index + 1,
+                    pipeline.stages,
+                    state.lrs[-1],
+                )
 
     breakdown = profiler.finish()  # collective: each rank's trace -> breakdown, gathered
     step_ms = [ms for i, ms in enumerate(timer.step_ms()) if i not in eval_intervals]
