@@ -1,6 +1,6 @@
 """The runner's pipeline against the bubble the projection charges for it, on the CPU (gloo, one thread a rank).
 
-    .venv/bin/python bench/pipeline_bubble_cpu.py [--layers 8] [--seq-len 256] [--micro-batches 2 4 8]
+    .venv/bin/python bench/pipeline_bubble_cpu.py [--layers 8] [--seq-len 256] [--micro-batches 2 4 8 16]
 
 For each m (micro-batches of one sequence a step): the debug shape with --layers blocks in fp32, trained by one
 process (layout fsdp, N = 1, m sequences a step) and by two pipeline stages (layout pp=2+fsdp, N = 2, the same m
@@ -8,7 +8,8 @@ sequences as m micro-batches of a 1F1B schedule), each under `torch.distributed.
 The measured ratio is the pipelined step's median over the one process's. The modelled ratio is what
 core.projection.step_model charges: the slowest stage's share of the step's FLOPs (ceil(L / 2) blocks and the
 output layer, core.catalog.shapes.flops_per_token) times the 1F1B bubble 1 + (P - 1) / m (Workload.bubble); the
-stage-to-stage sends (a (1, seq, dim) activation through gloo) are left out of it. Prints one table.
+stage-to-stage sends (a (1, seq, dim) activation through gloo) are left out of it. Prints one table and a
+least-squares line of the pipelined step over its m + 1 micro-batch slots.
 """
 
 from __future__ import annotations
