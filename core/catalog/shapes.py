@@ -57,6 +57,34 @@ class ModelShape:
         n = self.num_params(include_embedding=False)
         return 6 * n + 12 * self.num_layers * self.num_heads * self.head_dim * seq_len
 
+    def output_cost_in_blocks(self, seq_len: int) -> float:
+        """The output layer's training FLOPs per token (6 V d) over one transformer block's (its linears' 6 x params
+        plus its attention's 12 H head_dim T): 1.84 blocks for 8b at 8,192 tokens, 0.6 for 405b."""
+        d, kv = self.dim, self.num_kv_heads * self.head_dim
+        linears = 2 * d * d + 2 * d * kv + 3 * d * self.ffn_hidden_dim
+        return 6 * self.vocab_size * d / (6 * linears + 12 * self.num_heads * self.head_dim * seq_len)
+
+    def pipeline_split(self, pp: int, seq_len: int) -> tuple[int, ...]:
+        """Blocks per pipeline stage, first to last: contiguous, at least one each, weighed by FLOPs so that the
+        slowest stage is as fast as it can be. The last stage also runs the output layer
+        (`output_cost_in_blocks`), so it takes fewer blocks; the first stage's embedding is a lookup, weighed 0.
+        Of equally fast splits, the one with the most blocks on the last stage (the earlier stages of a 1F1B
+        schedule hold more micro-batches' activations). The others share the rest evenly, larger ones first.
+        Needs 1 <= pp <= num_layers."""
+        layers = self.num_layers
+        if not 1 <= pp <= layers:
+            raise ValueError(f"pp: needs 1 <= pp <= num_layers ({layers}), got {pp}")
+        if pp == 1:
+            return (layers,)
+        out_cost = self.output_cost_in_blocks(seq_len)
+
+        def slowest(last: int) -> float:
+            return max(-(-(layers - last) // (pp - 1)), last + out_cost)
+
+        last = min(range(layers - pp + 1, 0, -1), key=slowest)  # min keeps the first (largest) of equal ones
+        per, extra = divmod(layers - last, pp - 1)
+        return tuple(per + (1 if s < extra else 0) for s in range(pp - 1)) + (last,)
+
 
 SHAPES: dict[str, ModelShape] = {
     "debug": ModelShape(

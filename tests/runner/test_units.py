@@ -302,14 +302,15 @@ def test_classify():
     assert classify(KeyError("x")) == "error"
 
 
-def test_pipeline_stages_split_blocks_contiguously_heaviest_first():
+def test_pipeline_stages_are_the_shapes_split_contiguous_and_whole():
     from runner.parallel import stage_blocks
 
-    assert [list(stage_blocks(5, 2, s)) for s in range(2)] == [[0, 1, 2], [3, 4]]
-    assert [len(stage_blocks(126, 8, s)) for s in range(8)] == [16] * 6 + [15] * 2  # max ceil(126 / 8)
-    for layers, pp in ((4, 4), (7, 3), (32, 4)):
-        blocks = [b for s in range(pp) for b in stage_blocks(layers, pp, s)]
-        assert blocks == list(range(layers))
+    eight = get_shape("8b", 32)
+    assert [list(stage_blocks(eight, 2, 8192, s)) for s in range(2)] == [list(range(17)), list(range(17, 32))]
+    for shape, pp in ((get_shape("debug", 4), 4), (get_shape("debug", 7), 3), (eight, 4), (get_shape("405b"), 8)):
+        stages = [stage_blocks(shape, pp, 8192, s) for s in range(pp)]
+        assert [len(r) for r in stages] == list(shape.pipeline_split(pp, 8192))
+        assert [b for r in stages for b in r] == list(range(shape.num_layers))
 
 
 def test_keep_stage_keeps_names_and_root_modules():
@@ -319,7 +320,7 @@ def test_keep_stage_keeps_names_and_root_modules():
     def stage(index: int) -> Llama:
         with torch.device("meta"):
             model = Llama(get_shape("debug", 4), max_seq_len=16)
-        keep_stage(model, 2, index)
+        keep_stage(model, 2, index, seq_len=16)
         return model
 
     first, last = stage(0), stage(1)

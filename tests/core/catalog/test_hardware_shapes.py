@@ -95,3 +95,41 @@ def test_flops_per_token_8b_by_hand():
 def test_unknown_shape_names_allowed():
     with pytest.raises(ValueError, match="allowed: debug, 1b, 8b, 70b, 405b"):
         get_shape("13b")
+
+
+def test_output_layer_cost_in_blocks_by_hand():
+    s = get_shape("8b")
+    block = 6 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 12 * 32 * 128 * 8192
+    assert s.output_cost_in_blocks(8192) == pytest.approx(6 * 128256 * 4096 / block)
+    assert s.output_cost_in_blocks(8192) == pytest.approx(1.842, abs=1e-3)
+    assert get_shape("405b").output_cost_in_blocks(8192) < 1 < s.output_cost_in_blocks(2048)  # attention grows with T
+
+
+@pytest.mark.parametrize(
+    ("model", "layers", "pp", "split"),
+    [
+        ("8b", 32, 1, (32,)),
+        ("8b", 32, 2, (17, 15)),  # the last stage's 15 blocks + 1.84 of output weigh 16.84 <= 17
+        ("8b", 32, 4, (9, 8, 8, 7)),  # even 8/8/8/8 would leave the last at 9.84
+        ("8b", 32, 8, (5, 4, 4, 4, 4, 4, 4, 3)),
+        ("405b", 126, 8, (16, 16, 16, 16, 16, 16, 15, 15)),  # output 0.61 of a block: the even split is the best
+        ("1b", 16, 4, (5, 5, 4, 2)),  # a 128k vocabulary on a small model: the output weighs 2.8 blocks
+        ("debug", 4, 4, (1, 1, 1, 1)),  # every stage keeps a block
+    ],
+)
+def test_pipeline_split_weighs_the_output_layer(model, layers, pp, split):
+    shape = get_shape(model, layers)
+    got = shape.pipeline_split(pp, 8192)
+    assert got == split and sum(got) == layers and min(got) >= 1
+    out = shape.output_cost_in_blocks(8192)
+    slowest = max(*got[:-1], got[-1] + out) if pp > 1 else layers + out
+    # no contiguous split with at least one block a stage has a faster slowest stage
+    for last in range(1, layers - pp + 2):
+        rest = layers - last
+        best_rest = -(-rest // (pp - 1)) if pp > 1 else 0
+        assert slowest <= max(best_rest, last + out) + 1e-12 or pp == 1
+
+
+def test_pipeline_split_refuses_more_stages_than_blocks():
+    with pytest.raises(ValueError, match=r"pp: needs 1 <= pp <= num_layers \(4\), got 5"):
+        get_shape("debug", 4).pipeline_split(5, 256)
