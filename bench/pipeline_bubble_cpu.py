@@ -6,16 +6,15 @@ For each m (micro-batches of one sequence a step): the debug shape with --layers
 process (layout fsdp, N = 1, m sequences a step) and by two pipeline stages (layout pp=2+fsdp, N = 2, the same m
 sequences as m micro-batches of a 1F1B schedule), each under `torch.distributed.run` as the service launches it.
 The measured ratio is the pipelined step's median over the one process's. The modelled ratio is what
-core.projection.step_model charges: the slowest stage's share of the step's FLOPs (ceil(L / 2) blocks and the
-output layer, core.catalog.shapes.flops_per_token) times the 1F1B bubble 1 + (P - 1) / m (Workload.bubble); the
-stage-to-stage sends (a (1, seq, dim) activation through gloo) are left out of it. Prints one table and a
-least-squares line of the pipelined step over its m + 1 micro-batch slots.
+core.projection.step_model charges: the slowest stage's share of the step's FLOPs (the runner's split,
+ModelShape.pipeline_split; Workload.stage_compute_factor / P) times the 1F1B bubble 1 + (P - 1) / m
+(Workload.bubble); the stage-to-stage sends (a (1, seq, dim) activation through gloo) are left out of it. Prints
+one table and a least-squares line of the pipelined step over its m + 1 micro-batch slots.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import statistics
@@ -30,7 +29,6 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from core.catalog.shapes import get_shape  # noqa: E402
 from core.contracts.specs import RunResult, RunSpec, resolve_layout  # noqa: E402
 from core.projection.step_model import Workload  # noqa: E402
 
@@ -67,14 +65,11 @@ def timed(layout: str, n: int, m: int, args) -> float:
 
 def modelled(m: int, args) -> tuple[float, float]:
     """(slowest stage's FLOP share, bubble) of pp=2 at N = 2 with m one-sequence micro-batches."""
-    full = get_shape("debug", args.layers)
-    stage = dataclasses.replace(full, num_layers=-(-args.layers // 2))  # the last stage: its blocks and the output
-    share = stage.flops_per_token(args.seq_len) / full.flops_per_token(args.seq_len)
     w = Workload(
         model="debug", num_layers=args.layers, precision="fp32", layout="pp=2+fsdp", seq_len=args.seq_len,
         local_batch_size=m,
     )  # fmt: skip
-    return share, w.bubble(2)
+    return w.stage_compute_factor(2) / 2, w.bubble(2)
 
 
 def line(xs: list[float], ys: list[float]) -> tuple[float, float]:

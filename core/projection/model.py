@@ -26,6 +26,7 @@ from core.contracts.base import Frozen
 from core.contracts.specs import FP8_PRECISIONS, check_layout, model_parallel_size, rank_degrees
 from core.projection.constants import (
     COLLECTIVE_UNITS,
+    CP_ATTENTION_COST,
     DEVICE_SPEED_CV,
     INTERVAL_EXPONENT,
     INTERVAL_NESTED_COVERAGE,
@@ -57,11 +58,16 @@ ASSUMPTIONS = (
     "collective cost: alpha-beta model of NCCL/RCCL with the algorithm NCCL's tuning model (src/graph/tuning.cc) "
     "would pick: ring or, with one GPU per node on NVIDIA platforms, PAT (log-depth across nodes) for all-gather "
     "and reduce-scatter; the faster of ring and tree for all-reduce; latencies from that tuning model",
-    "pipeline parallel (pp=P+): a stage holds ceil(L / P) blocks and the root unit; the step waits out the 1F1B "
-    "bubble 1 + (P - 1) / (virtual stages x micro-batches), one micro-batch of one sequence and one virtual stage "
-    "(the scalebench runner's schedule; no request field sets them), plus the fill and drain sends between "
-    "stages; context parallel (cp=C+): each block exchanges the keys and values of its sequence over the C ranks "
-    "beside its attention, and gradients sync over DP x CP",
+    "pipeline parallel (pp=P+): the scalebench runner's split of the blocks, weighed by FLOPs (the last stage, "
+    "which also runs the output layer, takes fewer); the step runs at the slowest stage (its FLOPs over the mean "
+    "device's; the other stages' wait is idle time) and waits out the 1F1B bubble 1 + (P - 1) / (virtual stages x "
+    "micro-batches), one micro-batch of one sequence and one virtual stage (the runner's schedule; no request field "
+    "sets them), plus the fill and drain sends between stages; context parallel (cp=C+): each block exchanges the "
+    "keys and values of its sequence over the C ranks beside its attention, gradients sync over DP x CP, and a "
+    "rank's attention takes "
+    + ", ".join(f"{f:g}x at C = {c}" for c, f in CP_ATTENTION_COST.items())
+    + " its FLOP share (measured on the runner's all-gather attention, one H100, 8,192 tokens; log-linear in C "
+    "elsewhere), charged on the causal attention's share of the step's FLOPs",
     "a layout projected from another layout's measured series (layouts=...; the plan's default pp=2, pp=4, pp=8 "
     "and cp=2 forms) keeps the measured per-token compute of N0 and the measured global batch (a weak-scaling "
     "series' sequences per data-parallel rank scaled by pp x cp x tp); its E(N) is against that measured X(N0)",

@@ -16,6 +16,12 @@ Pure (no torch). The model of a step, per layout (the runner's plan: runner/para
   before the MLP and reduce-scatters after each (2 + 2), backward mirrors them, a full activation
   checkpoint recomputes the forward ones; on the critical path (no async TP). fp8-tensorwise all-gathers
   activations in float8.
+- PP: the runner's split of the blocks (ModelShape.pipeline_split: the last stage, which also runs the output
+  layer, takes fewer); the step runs at the slowest stage, its compute the stage's FLOPs over the mean device's
+  (Workload.stage_compute_factor; the other stages' wait is idle time), times the 1F1B bubble.
+- CP: each block's key/value exchange runs beside its attention; a rank's attention costs CP_ATTENTION_COST times
+  its FLOP share (measured on the runner's all-gather attention), charged on the attention's share of the step
+  (Workload.cp_compute_factor).
 - Overlap: a layer takes max(comm, compute + f x comm), f = `collective_sm_fraction`, the share of compute units a
   running collective may take from the compute beside it (COLLECTIVE_UNITS compute units by default, fitted on
   published results: bench/projection_validation.py).
@@ -36,6 +42,7 @@ from functools import lru_cache
 
 from core.catalog.shapes import ModelShape, get_shape
 from core.contracts.specs import ParallelDegrees, resolve_layout
+from core.projection.constants import CP_ATTENTION_COST
 from core.projection.network import Cost, Group, Network, all_gather, all_reduce, point_to_point, reduce_scatter
 
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (the runner's and torchtitan's default MixedPrecisionPolicy)
@@ -44,6 +51,32 @@ FWD_SHARE = 1 / 3  # forward / (forward + backward) FLOPs of a matmul layer (bac
 
 _degrees = lru_cache(maxsize=4096)(resolve_layout)
 _shape = lru_cache(maxsize=256)(get_shape)
+
+
+def cp_attention_cost(cp: int) -> float:
+    """A context-parallel rank's attention time over its FLOP share (CP_ATTENTION_COST, measured at C = 2 and 4;
+    log-linear in C through them, so extrapolated past 4); 1 at C = 1."""
+    if cp <= 1:
+        return 1.0
+    (c0, f0), (c1, f1) = sorted(CP_ATTENTION_COST.items())
+    return f0 + (f1 - f0) * math.log2(cp / c0) / math.log2(c1 / c0)
+
+
+@lru_cache(maxsize=1024)
+def _cp_factor(s: ModelShape, cp: int, seq_len: int) -> float:
+    causal = 6 * s.num_layers * s.num_heads * s.head_dim * seq_len
+    share = causal / (s.flops_per_token(seq_len) - causal)
+    return 1 + share * (cp_attention_cost(cp) - 1)
+
+
+@lru_cache(maxsize=4096)
+def _stage_costs(shape: ModelShape, pp: int, seq_len: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(blocks per stage, each stage's compute over the mean device's) of the runner's split; pp <= num_layers
+    (more stages than blocks: every block a stage, never reached where _fits refuses the layout)."""
+    pp = min(pp, shape.num_layers)
+    split, out = shape.pipeline_split(pp, seq_len), shape.output_cost_in_blocks(seq_len)
+    costs = [*split[:-1], split[-1] + out]
+    return split, tuple(pp * c / (shape.num_layers + out) for c in costs)
 
 
 @dataclass(frozen=True)
@@ -73,8 +106,22 @@ class Workload:
         return self.shape if self.shape is not None else _shape(self.model, self.num_layers)
 
     def stage_layers(self, n: int) -> int:
-        """Transformer blocks one pipeline stage holds (all of them without pp)."""
-        return max(1, math.ceil(self.model_shape().num_layers / self.degrees(n).pp))
+        """Transformer blocks the largest pipeline stage holds (all of them without pp): the runner's split,
+        ModelShape.pipeline_split (more than ceil(L / P) never: the last stage takes fewer for its output layer)."""
+        pp = self.degrees(n).pp
+        if pp <= 1:
+            return self.model_shape().num_layers
+        return max(_stage_costs(self.model_shape(), pp, self.seq_len)[0])
+
+    def stage_compute_factor(self, n: int, stage: int | None = None) -> float:
+        """A pipeline stage's compute over the mean device's (the whole model's FLOPs over P): the slowest stage's
+        by default, or stage `stage`'s. Blocks and the output layer weighed by FLOPs (the last stage runs the
+        output layer; ModelShape.output_cost_in_blocks). 1 without pp."""
+        pp = self.degrees(n).pp
+        if pp <= 1:
+            return 1.0
+        _, factors = _stage_costs(self.model_shape(), pp, self.seq_len)
+        return max(factors) if stage is None else factors[stage]
 
     def blocks_per_unit(self, n: int) -> int:
         """Transformer blocks that share one data-parallel collective (1 per block unless buckets span more)."""
@@ -85,6 +132,13 @@ class Workload:
         block_params = (2 * s.dim * s.dim + 2 * s.dim * kv + 3 * s.dim * s.ffn_hidden_dim) / d.tp + 2 * s.dim
         bucket_params = max(40e6, 1e6 * d.dp_degree * d.cp)
         return max(1, min(self.stage_layers(n), int(bucket_params // block_params)))
+
+    def cp_compute_factor(self, n: int) -> float:
+        """A context-parallel rank's compute over its FLOP share: 1 + a x (cp_attention_cost(C) - 1), a the
+        attention's share of the step's time, taken as the causal attention's executed FLOPs (half of the
+        12 L H head_dim T of flops_per_token) over the rest of the step's. 1 without cp."""
+        cp = self.degrees(n).cp
+        return _cp_factor(self.model_shape(), cp, self.seq_len) if cp > 1 else 1.0
 
     def bubble(self, n: int) -> float:
         """Pipelined step over the bubble-free one: 1 + (P - 1) / (virtual stages x micro-batches per pipeline)
@@ -284,7 +338,7 @@ def _tp_block_ms(w: Workload, net: Network, n: int, tp: Group) -> float:
 @dataclass(frozen=True)
 class StepParts:
     step_ms: float
-    compute_ms: float  # the mean device's compute (before the wait for the slowest)
+    compute_ms: float  # the mean device's compute, CP's attention cost included (before the wait for the slowest)
     straggler_ms: float  # waiting for the slowest of N devices
     communication_ms: float  # every collective of the step, end to end
     exposed_communication_ms: float
@@ -292,7 +346,7 @@ class StepParts:
     interference_ms: float  # compute slowed by collectives running beside it
     tp_communication_ms: float  # exposed TP collectives (part of exposed_communication_ms)
     optimizer_ms: float
-    idle_ms: float
+    idle_ms: float  # idle time measured at N0, the pipeline bubble, and a faster stage's wait for the slowest
     dp_bus_gb_per_s: float
     dp_bound: str
 
@@ -317,7 +371,12 @@ def step_time(
     """Step at N for a mean-device compute of compute_ms (per device, everything but optimizer and idle)."""
     c = collectives(w, net, n, gpus_per_node)
     straggle = 1 + net.device_speed_cv * straggler_z(net, n)
-    work = compute_ms * straggle
+    # context parallel's attention costs more than its FLOP share (part of the compute); a pipelined step runs at
+    # its slowest stage, and the mean device idles for the rest (idle_ms)
+    compute_ms = compute_ms * w.cp_compute_factor(n)
+    stage_factor = w.stage_compute_factor(n)
+    work = compute_ms * straggle * stage_factor
+    imbalance_ms = compute_ms * straggle * (stage_factor - 1) if stage_factor > 1 else 0.0
     k = w.blocks_per_unit(n)
     num_layers = math.ceil(w.stage_layers(n) / k)  # data-parallel units: blocks, or buckets of k blocks
     share = unit_bytes(w, n).root_flops_share
@@ -365,7 +424,7 @@ def step_time(
         interference_ms=sum(k * i for k, _, _, i in layers),
         tp_communication_ms=tp_ms,
         optimizer_ms=optimizer_ms,
-        idle_ms=idle_ms + bubble_ms,
+        idle_ms=idle_ms + bubble_ms + imbalance_ms,
         dp_bus_gb_per_s=c.dp_bus_gb_per_s,
         dp_bound=c.dp_bound,
     )

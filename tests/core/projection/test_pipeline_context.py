@@ -123,7 +123,7 @@ def test_amd_platforms_carry_their_nics():
 
 def test_pipeline_stage_holds_its_layers_and_waits_out_the_bubble():
     w = workload("pp=4+tp=2+fsdp", micro_batch_size=1, virtual_stages=1)
-    assert w.stage_layers(64) == 8
+    assert w.stage_layers(64) == 9  # the runner's split, 9/8/8/7: the last stage also runs the output layer
     assert w.bubble(64) == pytest.approx(1 + 3 / 8)  # 8 sequences per DP rank, micro-batch 1
     assert workload("pp=4+tp=2+fsdp", virtual_stages=4).bubble(64) == pytest.approx(1 + 3 / 32)
     assert workload("pp=4+tp=2+fsdp", micro_batch_size=0).bubble(64) == 1.0  # schedule unknown: not modelled
@@ -133,6 +133,35 @@ def test_pipeline_stage_holds_its_layers_and_waits_out_the_bubble():
     assert collectives(w, H100, 64, 8).p2p_ms > 0
     # stage-to-stage sends: inside a node while a stage spans less than one, across nodes otherwise
     assert point_to_point(H100, True, 1e6).time_us < point_to_point(H100, False, 1e6).time_us
+
+
+def test_a_pipelined_step_runs_at_its_slowest_stage():
+    w, out = workload("pp=4+fsdp"), 6 * 128256 * 4096 / (6 * 218103808 + 12 * 4096 * 8192)
+    assert w.stage_compute_factor(32) == pytest.approx(4 * 9 / (32 + out))  # the first stage's 9 blocks
+    assert w.stage_compute_factor(32, stage=3) == pytest.approx(4 * (7 + out) / (32 + out))
+    assert sum(w.stage_compute_factor(32, stage=i) for i in range(4)) == pytest.approx(4)  # the mean device's
+    assert workload("fsdp").stage_compute_factor(32) == 1.0
+    # the slower stage's extra work is the other stages' wait, reported as idle time
+    flat = dataclasses.replace(w, micro_batch_size=0)  # no bubble: only the imbalance is idle
+    p = step_time(flat, H100, 32, 8, 1000.0)
+    assert p.idle_ms == pytest.approx(1000.0 * (w.stage_compute_factor(32) - 1), rel=1e-3)
+    assert p.step_ms > 1000.0 * w.stage_compute_factor(32)
+
+
+def test_a_context_parallel_rank_pays_its_measured_attention_cost():
+    from core.projection.step_model import cp_attention_cost
+
+    assert cp_attention_cost(1) == 1.0 and cp_attention_cost(2) == 2.20 and cp_attention_cost(4) == 2.61
+    assert cp_attention_cost(8) == pytest.approx(2.61 + 0.41)  # log-linear past the measured C
+    w = workload("cp=2+fsdp")
+    causal = 6 * 32 * 32 * 128 * 8192
+    share = causal / (w.model_shape().flops_per_token(8192) - causal)
+    assert 0.12 < share < 0.13  # 8b at 8,192 tokens: attention's share of the step's time
+    assert w.cp_compute_factor(16) == pytest.approx(1 + share * 1.20)
+    assert workload("fsdp").cp_compute_factor(16) == 1.0
+    p = step_time(w, H100, 16, 8, 1000.0)
+    assert p.compute_ms == pytest.approx(1000.0 * w.cp_compute_factor(16))  # compute, not idle or communication
+    assert p.step_ms >= p.compute_ms
 
 
 def test_context_parallel_exchanges_keys_and_values_and_syncs_gradients_over_dp_x_cp():
@@ -178,6 +207,10 @@ def test_projection_lays_a_measured_series_out_as_pp_and_cp():
     assert "projected onto layout pp=4+tp=2+fsdp" in report.series[1].notes[0]
     assert pp[1024].efficiency_low < pp[1024].efficiency < pp[1024].efficiency_high
     assert pp[8].efficiency < 1.0  # the bubble: one pipeline of 2 sequences a step costs what fsdp does not
+    cp = {p.num_devices: p for p in report.series[2].points}
+    factor = Workload("8b", 32, "bf16", "cp=2+fsdp", seq_len=8192, local_batch_size=2).cp_compute_factor(8)
+    assert cp[8].compute_ms == pytest.approx(factor * report.series[0].points[0].compute_ms)
+    assert cp[8].efficiency < 1 / factor  # CP's attention costs more than its FLOP share, and its exchange
 
 
 def test_plan_for_1024_gpus_of_an_8b_model_on_mi325x_lists_its_interval():
