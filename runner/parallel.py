@@ -38,19 +38,19 @@ def build_mesh(device_type: str, degrees: ParallelDegrees) -> DeviceMesh:
 # ------------------------------------------------------------------------------------ pipeline parallel
 
 
-def stage_blocks(shape: ModelShape, pp: int, seq_len: int, stage: int) -> range:
+def stage_blocks(shape: ModelShape, pp: int, seq_len: int, stage: int, compiled: bool = False) -> range:
     """The blocks of pipeline stage `stage` of `pp`: contiguous, as ModelShape.pipeline_split weighs them (the last
-    stage, which also runs the output layer, takes fewer), the split the projection assumes
-    (core.projection.step_model). Needs pp <= num_layers."""
-    split = shape.pipeline_split(pp, seq_len)
+    stage, which also runs the output layer and the loss, takes fewer; more so where the blocks are compiled), the
+    split the projection assumes (core.projection.step_model). Needs pp <= num_layers."""
+    split = shape.pipeline_split(pp, seq_len, compiled)
     start = sum(split[:stage])
     return range(start, start + split[stage])
 
 
-def keep_stage(model: Llama, pp: int, stage: int, seq_len: int) -> None:
+def keep_stage(model: Llama, pp: int, stage: int, seq_len: int, compiled: bool = False) -> None:
     """Cut a (meta-device) model down to one pipeline stage in place: its blocks (named as in the whole model),
     the embedding on the first stage only, the final norm and output on the last only."""
-    keep = {str(i) for i in stage_blocks(model.shape, pp, seq_len, stage)}
+    keep = {str(i) for i in stage_blocks(model.shape, pp, seq_len, stage, compiled)}
     for name in [n for n in model.layers if n not in keep]:
         del model.layers[name]
     if stage > 0:
@@ -222,7 +222,7 @@ def parallelize(model: Llama, mesh: DeviceMesh, spec: RunSpec) -> dict:
     facts: dict = {"fp8_config": None, "num_float8_linears": None}
     # 0. pipeline parallel: this rank's stage only (the steps below see only its blocks and root modules).
     if degrees.pp > 1:
-        keep_stage(model, degrees.pp, mesh["pp"].get_local_rank(), spec.seq_len)
+        keep_stage(model, degrees.pp, mesh["pp"].get_local_rank(), spec.seq_len, compiled=spec.compile)
     # 1. float8 first: TP and FSDP must see Float8Linear modules to pick their float8-aware paths.
     if is_fp8(spec.precision):
         fp8_all_gather = spec.fp8_all_gather and shards_parameters(degrees)

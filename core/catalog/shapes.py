@@ -10,6 +10,11 @@ from dataclasses import dataclass, replace
 
 MODEL_NAMES = ("debug", "1b", "8b", "70b", "405b")
 
+# The output layer and fp32 loss (left eager) over their FLOP weight in blocks when the blocks are compiled: 2.50
+# blocks' time against 1.84 blocks' FLOPs (Llama-3 8B, 8,192 tokens, bf16, one H200; fp8-tensorwise: 2.9-3.1).
+# Eager, the FLOP weight holds (2.0-2.05 bf16). bench/pp_stage_gpu.py, bench/results/2026-12-05-pp-stages-h200.md.
+COMPILED_OUTPUT_SCALE = 1.36
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -64,10 +69,15 @@ class ModelShape:
         linears = 2 * d * d + 2 * d * kv + 3 * d * self.ffn_hidden_dim
         return 6 * self.vocab_size * d / (6 * linears + 12 * self.num_heads * self.head_dim * seq_len)
 
-    def pipeline_split(self, pp: int, seq_len: int) -> tuple[int, ...]:
-        """Blocks per pipeline stage, first to last: contiguous, at least one each, weighed by FLOPs so that the
-        slowest stage is as fast as it can be. The last stage also runs the output layer
-        (`output_cost_in_blocks`), so it takes fewer blocks; the first stage's embedding is a lookup, weighed 0.
+    def output_weight(self, seq_len: int, compiled: bool = False) -> float:
+        """The last stage's output layer and loss in blocks' time: their FLOPs (`output_cost_in_blocks`), times
+        COMPILED_OUTPUT_SCALE where the blocks are compiled and the output layer and loss are not."""
+        return self.output_cost_in_blocks(seq_len) * (COMPILED_OUTPUT_SCALE if compiled else 1.0)
+
+    def pipeline_split(self, pp: int, seq_len: int, compiled: bool = False) -> tuple[int, ...]:
+        """Blocks per pipeline stage, first to last: contiguous, at least one each, weighed by time so that the
+        slowest stage is as fast as it can be. The last stage also runs the output layer and the loss
+        (`output_weight`), so it takes fewer blocks; the first stage's embedding is a lookup, weighed 0.
         Of equally fast splits, the one with the most blocks on the last stage (the earlier stages of a 1F1B
         schedule hold more micro-batches' activations). The others share the rest evenly, larger ones first.
         Needs 1 <= pp <= num_layers."""
@@ -76,7 +86,7 @@ class ModelShape:
             raise ValueError(f"pp: needs 1 <= pp <= num_layers ({layers}), got {pp}")
         if pp == 1:
             return (layers,)
-        out_cost = self.output_cost_in_blocks(seq_len)
+        out_cost = self.output_weight(seq_len, compiled)
 
         def slowest(last: int) -> float:
             return max(-(-(layers - last) // (pp - 1)), last + out_cost)

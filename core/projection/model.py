@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from core.analysis.scaling import ScalingReport, Series, SeriesKey
+from core.catalog.shapes import COMPILED_OUTPUT_SCALE
 from core.contracts.base import Frozen
 from core.contracts.specs import FP8_PRECISIONS, check_layout, model_parallel_size, rank_degrees
 from core.projection.constants import (
@@ -58,8 +59,9 @@ ASSUMPTIONS = (
     "collective cost: alpha-beta model of NCCL/RCCL with the algorithm NCCL's tuning model (src/graph/tuning.cc) "
     "would pick: ring or, with one GPU per node on NVIDIA platforms, PAT (log-depth across nodes) for all-gather "
     "and reduce-scatter; the faster of ring and tree for all-reduce; latencies from that tuning model",
-    "pipeline parallel (pp=P+): the scalebench runner's split of the blocks, weighed by FLOPs (the last stage, "
-    "which also runs the output layer, takes fewer); the step runs at the slowest stage (its FLOPs over the mean "
+    "pipeline parallel (pp=P+): the scalebench runner's split of the blocks, weighed by time (FLOPs; the output "
+    f"layer's x{COMPILED_OUTPUT_SCALE:g} with compiled blocks, measured): the last stage, which also runs the output "
+    "layer and the loss, takes fewer; the step runs at the slowest stage (its work over the mean "
     "device's; the other stages' wait is idle time) and waits out the 1F1B bubble 1 + (P - 1) / (virtual stages x "
     "micro-batches), one micro-batch of one sequence and one virtual stage (the runner's schedule; no request field "
     "sets them), plus the fill and drain sends between stages; context parallel (cp=C+): each block exchanges the "
@@ -401,6 +403,7 @@ def _workload(key: SeriesKey, spec: Mapping[str, Any]) -> Workload:
         global_batch_size=spec.get("global_batch_size"),
         fp8_all_gather=bool(spec.get("fp8_all_gather", False)),
         activation_checkpointing=spec.get("activation_checkpointing", "none"),
+        compile=bool(spec.get("compile", False)),
     )
 
 

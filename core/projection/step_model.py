@@ -17,8 +17,9 @@ Pure (no torch). The model of a step, per layout (the runner's plan: runner/para
   checkpoint recomputes the forward ones; on the critical path (no async TP). fp8-tensorwise all-gathers
   activations in float8.
 - PP: the runner's split of the blocks (ModelShape.pipeline_split: the last stage, which also runs the output
-  layer, takes fewer); the step runs at the slowest stage, its compute the stage's FLOPs over the mean device's
-  (Workload.stage_compute_factor; the other stages' wait is idle time), times the 1F1B bubble.
+  layer and the loss, takes fewer); the step runs at the slowest stage, its compute the stage's work over the mean
+  device's (Workload.stage_compute_factor: blocks and the output layer weighed by time, ModelShape.output_weight;
+  the other stages' wait is idle time), times the 1F1B bubble.
 - CP: each block's key/value exchange runs beside its attention; a rank's attention costs CP_ATTENTION_COST times
   its FLOP share (measured on the runner's all-gather attention), charged on the attention's share of the step
   (Workload.cp_compute_factor).
@@ -70,11 +71,12 @@ def _cp_factor(s: ModelShape, cp: int, seq_len: int) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _stage_costs(shape: ModelShape, pp: int, seq_len: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """(blocks per stage, each stage's compute over the mean device's) of the runner's split; pp <= num_layers
-    (more stages than blocks: every block a stage, never reached where _fits refuses the layout)."""
+def _stage_costs(shape: ModelShape, pp: int, seq_len: int, compiled: bool) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(blocks per stage, each stage's compute over the mean device's) of the runner's split, the output layer
+    weighed by its time (ModelShape.output_weight); pp <= num_layers (more stages than blocks: every block a
+    stage, never reached where _fits refuses the layout)."""
     pp = min(pp, shape.num_layers)
-    split, out = shape.pipeline_split(pp, seq_len), shape.output_cost_in_blocks(seq_len)
+    split, out = shape.pipeline_split(pp, seq_len, compiled), shape.output_weight(seq_len, compiled)
     costs = [*split[:-1], split[-1] + out]
     return split, tuple(pp * c / (shape.num_layers + out) for c in costs)
 
@@ -101,6 +103,7 @@ class Workload:
     # TorchTitan wrap them) or "megatron" (Megatron-Core's buckets of max(40M, 1M x DP x CP) parameters, its
     # DistributedDataParallelConfig.bucket_size default: larger DP groups get larger buckets, fewer calls).
     dp_buckets: str = "per-block"
+    compile: bool = False  # compiled blocks: the pipeline's last stage weighs its output layer by time (the runner's)
 
     def model_shape(self) -> ModelShape:
         return self.shape if self.shape is not None else _shape(self.model, self.num_layers)
@@ -111,16 +114,16 @@ class Workload:
         pp = self.degrees(n).pp
         if pp <= 1:
             return self.model_shape().num_layers
-        return max(_stage_costs(self.model_shape(), pp, self.seq_len)[0])
+        return max(_stage_costs(self.model_shape(), pp, self.seq_len, self.compile)[0])
 
     def stage_compute_factor(self, n: int, stage: int | None = None) -> float:
         """A pipeline stage's compute over the mean device's (the whole model's FLOPs over P): the slowest stage's
-        by default, or stage `stage`'s. Blocks and the output layer weighed by FLOPs (the last stage runs the
-        output layer; ModelShape.output_cost_in_blocks). 1 without pp."""
+        by default, or stage `stage`'s. Blocks and the output layer weighed by time: FLOPs, the output layer's
+        scaled where the blocks are compiled (ModelShape.output_weight). 1 without pp."""
         pp = self.degrees(n).pp
         if pp <= 1:
             return 1.0
-        _, factors = _stage_costs(self.model_shape(), pp, self.seq_len)
+        _, factors = _stage_costs(self.model_shape(), pp, self.seq_len, self.compile)
         return max(factors) if stage is None else factors[stage]
 
     def blocks_per_unit(self, n: int) -> int:

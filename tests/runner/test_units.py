@@ -307,6 +307,7 @@ def test_pipeline_stages_are_the_shapes_split_contiguous_and_whole():
 
     eight = get_shape("8b", 32)
     assert [list(stage_blocks(eight, 2, 8192, s)) for s in range(2)] == [list(range(17)), list(range(17, 32))]
+    assert [len(stage_blocks(eight, 4, 8192, s, compiled=True)) for s in range(4)] == [9, 9, 8, 6]
     for shape, pp in ((get_shape("debug", 4), 4), (get_shape("debug", 7), 3), (eight, 4), (get_shape("405b"), 8)):
         stages = [stage_blocks(shape, pp, 8192, s) for s in range(pp)]
         assert [len(r) for r in stages] == list(shape.pipeline_split(pp, 8192))

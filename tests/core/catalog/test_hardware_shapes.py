@@ -130,6 +130,17 @@ def test_pipeline_split_weighs_the_output_layer(model, layers, pp, split):
         assert slowest <= max(best_rest, last + out) + 1e-12 or pp == 1
 
 
+def test_compiled_blocks_weigh_the_eager_output_layer_heavier():
+    from core.catalog.shapes import COMPILED_OUTPUT_SCALE
+
+    s = get_shape("8b")
+    assert s.output_weight(8192) == s.output_cost_in_blocks(8192)
+    assert s.output_weight(8192, compiled=True) == pytest.approx(1.842 * COMPILED_OUTPUT_SCALE, abs=1e-2)
+    assert s.pipeline_split(4, 8192, compiled=True) == (9, 9, 8, 6)  # slowest max(9, 6 + 2.5) = 9, not 7 + 2.5
+    assert s.pipeline_split(8, 8192, compiled=True) == (5, 5, 4, 4, 4, 4, 4, 2)
+    assert s.pipeline_split(2, 8192, compiled=True) == s.pipeline_split(2, 8192)
+
+
 def test_pipeline_split_refuses_more_stages_than_blocks():
     with pytest.raises(ValueError, match=r"pp: needs 1 <= pp <= num_layers \(4\), got 5"):
         get_shape("debug", 4).pipeline_split(5, 256)

@@ -141,6 +141,10 @@ def test_a_pipelined_step_runs_at_its_slowest_stage():
     assert w.stage_compute_factor(32, stage=3) == pytest.approx(4 * (7 + out) / (32 + out))
     assert sum(w.stage_compute_factor(32, stage=i) for i in range(4)) == pytest.approx(4)  # the mean device's
     assert workload("fsdp").stage_compute_factor(32) == 1.0
+    compiled, weight = workload("pp=4+fsdp", compile=True), 2.5048  # the output layer's time in compiled blocks'
+    assert compiled.stage_layers(32) == 9 and compiled.stage_compute_factor(32) == pytest.approx(
+        4 * 9 / (32 + weight), rel=1e-4
+    )  # the split 9/9/8/6: its last stage weighs 8.5
     # the slower stage's extra work is the other stages' wait, reported as idle time
     flat = dataclasses.replace(w, micro_batch_size=0)  # no bubble: only the imbalance is idle
     p = step_time(flat, H100, 32, 8, 1000.0)
