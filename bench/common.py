@@ -8,6 +8,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -152,3 +153,26 @@ def stop_stack(proc: subprocess.Popen) -> None:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def median_ms(fn, repeats: int = 10, warmup: int = 3) -> float:
+    """Median ms of fn() over `repeats` calls after `warmup` calls: CUDA events on a GPU, the wall clock on a CPU
+    (a smoke run)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)

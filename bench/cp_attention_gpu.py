@@ -14,29 +14,19 @@ the same queries, and the forward + backward time of the rank's two calls agains
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import median_ms as timed  # noqa: E402
+
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
-
-
-def timed(fn, repeats: int = 10) -> float:
-    """Median ms of fn() (forward + backward), after 3 warm-up calls."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from bench.common import median_ms as timed  # noqa: E402
 from core.catalog.shapes import get_shape  # noqa: E402
 from core.projection.step_model import Workload  # noqa: E402
 from runner.fp8 import apply_float8, is_fp8  # noqa: E402
@@ -53,26 +53,6 @@ def kind(stage: int, pp: int) -> str:
 def device() -> torch.device:
     """The GPU; the CPU only for a smoke run of this script (--model debug)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def timed(fn, repeats: int) -> float:
-    """Median ms of fn() over `repeats` calls, after 3 warm-up calls."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device().type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def stage_ms(args, precision: str, where: str, blocks: int) -> float:
