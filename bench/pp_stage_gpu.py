@@ -120,7 +120,7 @@ def main() -> None:
 
         print(f"\n{precision}")
         print("| P | split | blocks per stage | stage ms, first to last | slowest, ms | measured P x slowest / sum "
-              "| modelled (FLOPs) | slowest: even / weighted |")  # fmt: skip
+              "| modelled | slowest: even / weighted |")  # fmt: skip
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for pp in args.pps:
             weighted = shape.pipeline_split(pp, args.seq_len, compiled=args.compile)  # the runner's
