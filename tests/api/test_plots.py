@@ -38,7 +38,9 @@ def test_png_is_valid_and_fast():
     render_scaling_png(report)  # first call pays for font caches
     t0 = time.thread_time()  # this thread's CPU time: other test processes and threads share the 2 cores
     data = render_scaling_png(report, title="llama3-8b on h200")
-    assert time.thread_time() - t0 < 1.0  # measured 0.23 s
+    # a guard against a pathological render, not a benchmark: 0.23 s measured on a quiet 2-core VM, 1.2-1.5 s on
+    # one whose host was busy (every test there ran about 3x slower)
+    assert time.thread_time() - t0 < 5.0
     assert len(data) > 30_000  # three panels of lines and text, not an empty canvas
     width, height = _png_size(data)
     assert (width, height) == (1500, 480)

@@ -271,7 +271,7 @@ def test_results_of_2_and_4_ranks_pending_while_queued(service: Service):
     finally:
         subprocess.run(["scancel", blocker_id], capture_output=True, timeout=30)
     for run_id, job_id in zip(run_ids, job_ids):
-        run = service.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=150)
+        run = service.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=600)
         assert run["status"] == "succeeded", service.diagnostics(run_id)
         assert run["slurm_job_id"] == job_id and run["attempts"] == 1
         env = run["result"]["environment"]
@@ -314,7 +314,7 @@ def test_worker_killed_while_its_job_runs_a_new_worker_reattaches(service: Servi
     assert "requeued to re-attach" in reaper_log and "cancelled its Slurm job" not in reaper_log, reaper_log
     assert _slurm_state(service, job_id) == "RUNNING", "the reaper must leave a live job alone"
     wait_until(lambda: f"re-attached to Slurm job {job_id}" in second.log(), 30, "the new worker to re-attach")
-    run = service.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=120)
+    run = service.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=600)
     assert run["status"] == "succeeded", service.diagnostics(run_id)
     assert run["slurm_job_id"] == job_id and run["attempts"] == 1
     assert run["worker"] is not None and str(second.pid) in run["worker"]
@@ -353,7 +353,7 @@ def test_worker_killed_between_sbatch_and_handle_json_reattaches_by_job_name(ser
     assert f"found Slurm job {job_id} by its name scalebench-{run_id}" in reaper_log, reaper_log
     assert "requeued to re-attach" in reaper_log, reaper_log
     wait_until(lambda: f"re-attached to Slurm job {job_id}" in second.log(), 30, "the new worker to re-attach")
-    run = service.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=180)
+    run = service.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=600)
     assert run["status"] == "succeeded", service.diagnostics(run_id)
     assert run["slurm_job_id"] == job_id and run["attempts"] == 1
     assert list(service.jobs()) == [job_id], "sbatch ran again for a run whose job was submitted"
