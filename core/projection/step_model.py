@@ -110,14 +110,14 @@ class Workload:
 
     def stage_layers(self, n: int) -> int:
         """Transformer blocks the largest pipeline stage holds (all of them without pp): the runner's split,
-        ModelShape.pipeline_split (more than ceil(L / P) never: the last stage takes fewer for its output layer)."""
+        ModelShape.pipeline_split (ceil(L / P) or more: the last stage takes fewer for its output layer)."""
         pp = self.degrees(n).pp
         if pp <= 1:
             return self.model_shape().num_layers
         return max(_stage_costs(self.model_shape(), pp, self.seq_len, self.compile)[0])
 
     def stage_compute_factor(self, n: int, stage: int | None = None) -> float:
-        """A pipeline stage's compute over the mean device's (the whole model's FLOPs over P): the slowest stage's
+        """A pipeline stage's compute over the mean device's (the whole model's work over P): the slowest stage's
         by default, or stage `stage`'s. Blocks and the output layer weighed by time: FLOPs, the output layer's
         scaled where the blocks are compiled (ModelShape.output_weight). 1 without pp."""
         pp = self.degrees(n).pp
