@@ -37,7 +37,7 @@ def _pause_until_requeued(cell, worker, run_id: int) -> None:
 @pytest.mark.parametrize("cell", ["postgres", "sqlite"], indirect=True)
 def test_a_paused_worker_resumed_after_the_reaper_requeued_its_run_records_nothing(cell, api, start_worker) -> None:
     worker = start_worker()
-    _, (run_id,) = submit(api, cell, **(LONG | {"gpu_counts": [2]}))
+    _, (run_id,) = submit(api, cell, **(LONG | {"gpu_counts": [1]}))  # one rank: a third of two ranks' CPU time
     cell.wait_steps(run_id)
     try:
         _pause_until_requeued(cell, worker, run_id)
@@ -48,7 +48,7 @@ def test_a_paused_worker_resumed_after_the_reaper_requeued_its_run_records_nothi
     wait_until(lambda: REFUSED in worker.log(), 30, "the resumed worker to see its lease refused")
     run = cell.run(run_id)
     assert run.status in ("queued", "running") and run.error_kind is None, (run.status, run.error_message)
-    run = cell.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=600)
+    run = cell.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=1200)
     assert run.status == "succeeded", run.error_message
     assert (run.attempts, run.lease_id) == (2, 2)
     assert run.run_dir == str(cell.run_dir(run_id, attempt=2)) and cell.run_dir(run_id, attempt=1) != cell.run_dir(
@@ -77,6 +77,6 @@ def test_two_workers_the_resumed_one_leaves_the_retry_on_the_other_alone(cell, a
     assert set(retry_pids) <= set(cell.run_pids(run_id, attempt=2)), "the stale worker ended the retry's processes"
     run = cell.run(run_id)
     assert run.status == "running" and run.lease_id == 2 and run.worker.endswith(f":{second.pid}"), run.worker
-    run = cell.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=600)
+    run = cell.wait_status(run_id, ("succeeded", "failed", "cancelled"), timeout_s=1200)
     assert run.status == "succeeded", run.error_message
     assert "ranks remain" not in first.log()
