@@ -8,7 +8,8 @@ set its step. For each P this times, on one GPU and without a process group, eve
 `even` (L // P blocks each, one more on the first L % P stages) and `weighted` (the runner's, which weighs the
 output layer by ModelShape.output_weight: its FLOPs, scaled under --compile). A stage is the
 runner's model (runner.model.Llama) cut as runner.parallel.keep_stage cuts it: the first holds the embedding, the
-last the final norm, the output layer and the fp32 cross-entropy; its parameters are bf16 (as FSDP's mixed
+last the final norm, the output layer and the fp32 cross-entropy (compiled under --compile, as the runner compiles
+its loss; the final norm and the output layer stay eager there too); its parameters are bf16 (as FSDP's mixed
 precision gathers them), fp8 recipes convert its linears as the runner does (runner.fp8.apply_float8). One
 micro-batch of one sequence, forward + backward (no optimizer step, no sends): the first stage takes tokens, the
 others a hidden state, and a stage before the last back-propagates a fixed gradient.
@@ -74,6 +75,7 @@ def stage_ms(args, precision: str, where: str, blocks: int) -> float:
     if args.compile:
         for name, block in model.layers.items():
             model.layers[name] = torch.compile(block, fullgraph=True)  # as runner.parallel.apply_compile
+    loss_fn = torch.compile(cross_entropy_fp32) if args.compile else cross_entropy_fp32  # as runner.train.run
     gen = torch.Generator(device=dev).manual_seed(0)
     tokens = torch.randint(0, shape.vocab_size, (1, s), device=dev, generator=gen)
     hidden = torch.randn(1, s, shape.dim, device=dev, dtype=torch.bfloat16, generator=gen).requires_grad_()
@@ -82,7 +84,7 @@ def stage_ms(args, precision: str, where: str, blocks: int) -> float:
     def step() -> None:
         out = model(tokens if where == "first" else hidden)
         if where == "last":
-            cross_entropy_fp32(out, tokens).backward()
+            loss_fn(out, tokens).backward()
         else:
             out.backward(grad)
 
