@@ -60,13 +60,13 @@ ASSUMPTIONS = (
     "would pick: ring or, with one GPU per node on NVIDIA platforms, PAT (log-depth across nodes) for all-gather "
     "and reduce-scatter; the faster of ring and tree for all-reduce; latencies from that tuning model",
     "pipeline parallel (pp=P+): the scalebench runner's split of the blocks, weighed by time (FLOPs; the output "
-    f"layer's x{COMPILED_OUTPUT_SCALE:g} with compiled blocks, measured): the last stage, which also runs the output "
-    "layer and the loss, takes fewer; the step runs at the slowest stage (its work over the mean "
-    "device's; the other stages' wait is idle time) and waits out the 1F1B bubble 1 + (P - 1) / (virtual stages x "
-    "micro-batches), one micro-batch of one sequence and one virtual stage (the runner's schedule; no request field "
-    "sets them), plus the fill and drain sends between stages; context parallel (cp=C+): each block exchanges the "
-    "keys and values of its sequence over the C ranks beside its attention, gradients sync over DP x CP, and a "
-    "rank's attention takes "
+    f"layer's x{COMPILED_OUTPUT_SCALE:g} with compiled blocks, measured with the loss eager): the last stage, "
+    "which also runs the output layer and the loss, takes fewer; the step runs at the slowest stage (its work over "
+    "the mean device's; the other stages' wait is idle time) and waits out the 1F1B bubble 1 + (P - 1) / "
+    "(virtual stages x micro-batches), one micro-batch of one sequence and one virtual stage (the runner's "
+    "schedule; no request field sets them), plus the fill and drain sends between stages; context parallel "
+    "(cp=C+): each block exchanges the keys and values of its sequence over the C ranks beside its attention, "
+    "gradients sync over DP x CP, and a rank's attention takes "
     + ", ".join(f"{f:g}x at C = {c}" for c, f in CP_ATTENTION_COST.items())
     + " its FLOP share (measured on the runner's all-gather attention, one H100, 8,192 tokens; log-linear in C "
     "elsewhere), charged on the causal attention's share of the step's FLOPs",
