@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from bench.common import median_ms as timed  # noqa: E402
 from core.catalog.shapes import get_shape  # noqa: E402
-from core.projection.step_model import Workload  # noqa: E402
+from core.projection.step_model import Workload, stage_factors  # noqa: E402
 from runner.fp8 import apply_float8, is_fp8  # noqa: E402
 from runner.model import Llama, init_weights  # noqa: E402
 from runner.train import cross_entropy_fp32  # noqa: E402
@@ -131,8 +131,7 @@ def main() -> None:
             for name, split in splits.items():
                 times = [t(kind(i, pp), b) for i, b in enumerate(split)]
                 slowest[name] = max(times)
-                out = shape.output_weight(args.seq_len, compiled=args.compile)
-                modelled = pp * max(*split[:-1], split[-1] + out) / (args.layers + out)
+                modelled = max(stage_factors(split, shape.output_weight(args.seq_len, compiled=args.compile)))
                 if name == "weighted":  # the projection's own figure for the runner's split
                     w = Workload(model=args.model, num_layers=args.layers, precision=precision, compile=args.compile,
                                  layout=f"pp={pp}+fsdp", seq_len=args.seq_len, local_batch_size=pp)  # fmt: skip

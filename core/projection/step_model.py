@@ -70,15 +70,21 @@ def _cp_factor(s: ModelShape, cp: int, seq_len: int) -> float:
     return 1 + share * (cp_attention_cost(cp) - 1)
 
 
+def stage_factors(split: tuple[int, ...], output_weight: float) -> tuple[float, ...]:
+    """Each stage's compute over the mean device's for a split of the blocks (first to last), the last stage also
+    running the output layer and the loss, `output_weight` blocks' worth."""
+    costs = [*split[:-1], split[-1] + output_weight]
+    return tuple(len(split) * c / (sum(split) + output_weight) for c in costs)
+
+
 @lru_cache(maxsize=4096)
 def _stage_costs(shape: ModelShape, pp: int, seq_len: int, compiled: bool) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """(blocks per stage, each stage's compute over the mean device's) of the runner's split, the output layer
     weighed by its time (ModelShape.output_weight); pp <= num_layers (more stages than blocks: every block a
     stage, never reached where _fits refuses the layout)."""
     pp = min(pp, shape.num_layers)
-    split, out = shape.pipeline_split(pp, seq_len, compiled), shape.output_weight(seq_len, compiled)
-    costs = [*split[:-1], split[-1] + out]
-    return split, tuple(pp * c / (shape.num_layers + out) for c in costs)
+    split = shape.pipeline_split(pp, seq_len, compiled)
+    return split, stage_factors(split, shape.output_weight(seq_len, compiled))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from core.contracts.specs import check_layout, model_parallel_size, resolve_layo
 from core.projection.model import NetworkUsed, project_report
 from core.projection.network import Group, Network, all_gather, all_reduce, pat_latency_us, point_to_point
 from core.projection.plan import build_plan, default_plan_layouts, plan_counts
-from core.projection.step_model import Workload, collectives, groups, step_time
+from core.projection.step_model import Workload, collectives, groups, stage_factors, step_time
 
 H100 = Network(platform="h100-hgx", nic="ib-400g")
 MI325X = Network(platform="mi325x-platform", nic="pollara-400g")
@@ -141,6 +141,12 @@ def test_a_pipelined_step_runs_at_its_slowest_stage():
     assert w.stage_compute_factor(32, stage=3) == pytest.approx(4 * (7 + out) / (32 + out))
     assert sum(w.stage_compute_factor(32, stage=i) for i in range(4)) == pytest.approx(4)  # the mean device's
     assert workload("fsdp").stage_compute_factor(32) == 1.0
+    # any split: an even 8/8/8/8 leaves the output layer's 1.84 blocks on the last stage (1.163, as
+    # bench/results/2026-12-05-pp-stages-h200.md models it), and the factors average to 1
+    even = stage_factors((8, 8, 8, 8), out)
+    assert max(even) == pytest.approx(4 * (8 + out) / (32 + out)) == pytest.approx(1.163, abs=1e-3)
+    assert sum(even) == pytest.approx(4)
+    assert stage_factors((9, 8, 8, 7), out) == pytest.approx([w.stage_compute_factor(32, stage=i) for i in range(4)])
     compiled, weight = workload("pp=4+fsdp", compile=True), 2.5048  # the output layer's time in compiled blocks'
     assert compiled.stage_layers(32) == 9 and compiled.stage_compute_factor(32) == pytest.approx(
         4 * 9 / (32 + weight), rel=1e-4
