@@ -10,11 +10,11 @@ from dataclasses import dataclass, replace
 
 MODEL_NAMES = ("debug", "1b", "8b", "70b", "405b")
 
-# The output layer and fp32 loss (the layer eager) over their FLOP weight in blocks when the blocks are compiled:
-# 2.50 blocks' time against 1.84 blocks' FLOPs (Llama-3 8B, 8,192 tokens, bf16, one H200; fp8-tensorwise: 2.9-3.1).
-# Eager, the FLOP weight holds (2.0-2.05 bf16). Timed with the loss eager; runs that compile their blocks compile the
-# loss too, expected to lighten it (8B's compiled split is the same from 2.0 to 3.0 blocks).
-# bench/pp_stage_gpu.py, bench/results/2026-12-05-pp-stages-h200.md.
+# The output layer (eager, bf16 under every recipe) and the compiled fp32 loss over their FLOP weight in blocks when
+# the blocks are compiled: 2.43-2.51 blocks' time against 1.84 blocks' FLOPs for fp8-tensorwise (Llama-3 8B, 8,192
+# tokens, one H100); bf16 1.94-1.96, fp8-rowwise 2.02-2.04, rowwise-gw-hp 2.14-2.21. Eager bf16 the FLOP weight
+# holds (1.96-2.07). 8B's compiled split is the same from 2.0 to 3.0 blocks and the fastest measured for each recipe
+# (bf16: a tie). bench/pp_stage_gpu.py, bench/results/2026-12-05-h100-stages-and-service.md.
 COMPILED_OUTPUT_SCALE = 1.36
 
 
@@ -73,7 +73,7 @@ class ModelShape:
 
     def output_weight(self, seq_len: int, compiled: bool = False) -> float:
         """The last stage's output layer and loss in blocks' time: their FLOPs (`output_cost_in_blocks`), times
-        COMPILED_OUTPUT_SCALE where the blocks are compiled and the output layer and loss are not."""
+        COMPILED_OUTPUT_SCALE where the blocks and the loss are compiled and the output layer is not."""
         return self.output_cost_in_blocks(seq_len) * (COMPILED_OUTPUT_SCALE if compiled else 1.0)
 
     def pipeline_split(self, pp: int, seq_len: int, compiled: bool = False) -> tuple[int, ...]:

@@ -60,7 +60,7 @@ ASSUMPTIONS = (
     "would pick: ring or, with one GPU per node on NVIDIA platforms, PAT (log-depth across nodes) for all-gather "
     "and reduce-scatter; the faster of ring and tree for all-reduce; latencies from that tuning model",
     "pipeline parallel (pp=P+): the scalebench runner's split of the blocks, weighed by time (FLOPs; the output "
-    f"layer's x{COMPILED_OUTPUT_SCALE:g} with compiled blocks, measured with the loss eager): the last stage, "
+    f"layer's x{COMPILED_OUTPUT_SCALE:g} with compiled blocks, fp8-tensorwise's on one H100): the last stage, "
     "which also runs the output layer and the loss, takes fewer; the step runs at the slowest stage (its work over "
     "the mean device's; the other stages' wait is idle time) and waits out the 1F1B bubble 1 + (P - 1) / "
     "(virtual stages x micro-batches), one micro-batch of one sequence and one virtual stage (the runner's "
