@@ -37,7 +37,7 @@ CASES = [
         "ib-400g",
         "bf16",
         6667.0,
-        {"seq_len": 8192, "local_batch_size": 2, "activation_checkpointing": "full"},
+        {"seq_len": 8192, "local_batch_size": 2, "activation_checkpointing": "full", "compile": True},
     ),
     (
         "8B fp8, MI325X + 400G Pollara (AMD Primus row)",

@@ -109,6 +109,11 @@ class Workload:
     # TorchTitan wrap them) or "megatron" (Megatron-Core's buckets of max(40M, 1M x DP x CP) parameters, its
     # DistributedDataParallelConfig.bucket_size default: larger DP groups get larger buckets, fewer calls).
     dp_buckets: str = "per-block"
+    # Megatron's distributed optimizer on a ddp layout: a reduce-scatter of the gradients and an all-gather of the
+    # parameters (fp8 linears where fp8_all_gather) instead of an all-reduce of the gradients. grad_reduce_bytes:
+    # the gradients' reduction dtype (4: fp32, the runner's, TorchTitan's and NeMo's bf16 default; 2: bf16).
+    distributed_optimizer: bool = False
+    grad_reduce_bytes: int = GRAD_REDUCE_BYTES
     compile: bool = False  # compiled blocks: the pipeline's last stage weighs its output layer by time (the runner's)
 
     def model_shape(self) -> ModelShape:
@@ -173,12 +178,8 @@ class Workload:
 
     def fp8_gather_active(self, n: int) -> bool:
         d = self.degrees(n)
-        return (
-            self.precision == "fp8-tensorwise"
-            and self.fp8_all_gather
-            and d.dp_mode in ("fsdp", "hsdp")
-            and d.dp_shard > 1
-        )
+        gathers = d.dp_shard > 1 if d.dp_mode in ("fsdp", "hsdp") else self.distributed_optimizer and d.dp_mode == "ddp"
+        return self.precision == "fp8-tensorwise" and self.fp8_all_gather and gathers
 
 
 @dataclass(frozen=True)
@@ -203,11 +204,18 @@ def unit_bytes(w: Workload, n: int) -> UnitBytes:
     tp = w.degrees(n).tp
     param_bytes = 4 if w.precision == "fp32" else 2
     linear_bytes = 1 if w.fp8_gather_active(n) else param_bytes
+    g = w.grad_reduce_bytes
+    block_grad, root_grad = (linear / tp + norms) * g, root / tp * g
+    if w.distributed_optimizer and w.degrees(n).dp_mode == "ddp":
+        # its reduce-scatter of the gradients and all-gather of the parameters, charged as one all-reduce: an
+        # all-reduce of S puts on each link what a reduce-scatter and an all-gather of S do, so S is their mean
+        block_grad = (linear / tp * (g + linear_bytes) + norms * (g + param_bytes)) / 2
+        root_grad = root / tp * (g + param_bytes) / 2
     return UnitBytes(
         block_gather=(linear * linear_bytes / tp + norms * param_bytes),
         root_gather=root * param_bytes / tp,
-        block_grad=(linear / tp + norms) * GRAD_REDUCE_BYTES,
-        root_grad=root / tp * GRAD_REDUCE_BYTES,
+        block_grad=block_grad,
+        root_grad=root_grad,
         root_flops_share=6 * s.vocab_size * d / s.flops_per_token(w.seq_len),
     )
 

@@ -15,6 +15,7 @@ import statistics
 import pytest
 
 from core.analysis.scaling import RunPoint, build_report
+from core.catalog.shapes import SHAPES
 from core.contracts.clusters import load_clusters
 from core.projection.constants import COLLECTIVE_UNITS, VALIDATED_MAX_DEVICES
 from core.projection.model import (
@@ -207,6 +208,21 @@ def test_fp8_all_gather_halves_the_all_gather_bytes():
     assert fp8.root_gather == bf16.root_gather and fp8.block_grad == bf16.block_grad  # output and fp32 grads
     rowwise = unit_bytes(workload("fp8-rowwise", fp8_all_gather=False), 64)
     assert rowwise.block_gather == bf16.block_gather  # fp8 all-gather is tensorwise only
+
+
+def test_a_distributed_optimizer_moves_its_reduce_scatter_and_all_gather_not_an_fp32_all_reduce():
+    plain = unit_bytes(workload(layout="ddp"), 64)
+    shape = SHAPES["8b"]
+    norms = 2 * shape.dim
+    linear = plain.block_grad / 4 - norms  # fp32 gradients: 4 bytes a parameter, 8 on each link of an all-reduce
+    # charged as one all-reduce of the mean of what its two collectives move: fp32 gradients, bf16 parameters
+    dist = unit_bytes(workload(layout="ddp", distributed_optimizer=True), 64)
+    assert dist.block_grad == pytest.approx((linear + norms) * (4 + 2) / 2)
+    assert dist.block_grad / plain.block_grad == pytest.approx(6 / 8)
+    # fp8 linear weights gathered in fp8, bf16 gradients (Megatron's grad_reduce_in_bf16): 1 + 2 bytes, norms 2 + 2
+    fp8 = unit_bytes(workload("fp8-tensorwise", "ddp", distributed_optimizer=True, grad_reduce_bytes=2), 64)
+    assert fp8.block_grad == pytest.approx((linear * (2 + 1) + norms * (2 + 2)) / 2)
+    assert unit_bytes(workload(layout="fsdp", distributed_optimizer=True), 64) == unit_bytes(workload(), 64)
 
 
 def test_straggler_term_and_solver():
