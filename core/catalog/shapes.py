@@ -13,8 +13,9 @@ MODEL_NAMES = ("debug", "1b", "8b", "70b", "405b")
 # The output layer (eager, bf16 under every recipe) and the compiled fp32 loss over their FLOP weight in blocks when
 # the blocks are compiled: 2.43-2.51 blocks' time against 1.84 blocks' FLOPs for fp8-tensorwise (Llama-3 8B, 8,192
 # tokens, one H100); bf16 1.94-1.96, fp8-rowwise 2.02-2.04, rowwise-gw-hp 2.14-2.21. Eager bf16 the FLOP weight
-# holds (1.96-2.07). 8B's compiled split is the same from 2.0 to 3.0 blocks and, from the measured stage times, the faster of it and the
-# eager split for each recipe (bf16: a tie). bench/pp_stage_gpu.py, bench/results/2026-12-05-h100-stages-and-service.md.
+# holds (1.96-2.07). 8B's compiled split is the same from 2.0 to 3.0 blocks and, from the measured stage times,
+# the faster of it and the eager split for each recipe (bf16: a tie).
+# bench/pp_stage_gpu.py, bench/results/2026-12-05-h100-stages-and-service.md.
 COMPILED_OUTPUT_SCALE = 1.36
 
 
