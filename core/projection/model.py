@@ -76,7 +76,11 @@ ASSUMPTIONS = (
     "a ring crossing nodes uses one channel per NIC (rail-aligned): bus bandwidth = min(intra-node per GPU x "
     "efficiency, NIC per GPU x efficiency x ranks of the group per node)",
     "FSDP/HSDP: per-block units plus a root unit (embedding, output, final norm); forward gathers all, "
-    "backward all but the last block and the root; gradients reduce-scattered in fp32; one-block prefetch",
+    "backward all but the last block and the root (none under pp, whose stages keep their blocks gathered); "
+    "gradients reduce-scattered in fp32; one-block prefetch",
+    "data-parallel collectives run once a step, beside one micro-batch's compute: gathers beside the first "
+    "micro-batch's forward, reductions beside the last one's backward, or, under pp, after it and exposed "
+    "(torch.distributed.pipelining's REDUCE_GRAD, as the runner and TorchTitan run it)",
     "fp8 all-gather (fp8-tensorwise with fp8_all_gather): block linear weights gathered in 1 byte; norms and "
     "root in bf16; the small amax all-reduce of the scales is not modelled",
     "DDP: one fp32 all-reduce bucket per block and one for the root; TP: sequence-parallel collectives on the "

@@ -4,7 +4,8 @@ Pure (no torch). The model of a step, per layout (the runner's plan: runner/para
 
 - FSDP / HSDP (FSDP2, one unit per transformer block plus the root unit of embedding, final norm and output):
   forward all-gathers the root and every block, backward all-gathers every block but the last (kept
-  gathered after forward, and the root, which FSDP2 never reshards after forward), and every unit's
+  gathered after forward, and the root, which FSDP2 never reshards after forward; none with pp, whose stages keep
+  their blocks gathered: Workload.reshard_after_forward), and every unit's
   gradients are reduce-scattered in fp32 (MixedPrecisionPolicy(reduce_dtype=float32)); HSDP then
   all-reduces each shard across replicas. Parameters travel in bf16, or, with fp8 all-gather
   (fp8-tensorwise), the block's linear weights in 1 byte each (norms and the root stay bf16).
@@ -46,6 +47,15 @@ from core.contracts.specs import ParallelDegrees, resolve_layout
 from core.projection.constants import CP_ATTENTION_COST
 from core.projection.network import Cost, Group, Network, all_gather, all_reduce, point_to_point, reduce_scatter
 
+# When a step's data-parallel collectives run, over the micro-batches of a pipeline stage (Workload.dp_overlap):
+DP_OVERLAP = {
+    "overlapped": "gathers beside the first micro-batch's forward, reductions beside the last one's backward "
+    "(FSDP2 without pp; Megatron-Core's overlap_param_gather and overlap_grad_reduce)",
+    "reduce-after": "gathers so, reductions after the last backward, exposed (torch.distributed.pipelining's "
+    "REDUCE_GRAD action: the runner's and TorchTitan's pp)",
+    "none": "every data-parallel collective exposed (DeepSpeed's pipeline engine: gradients reduced after the last "
+    "backward, ZeRO-1's parameters gathered after the optimizer step)",
+}
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (the runner's and torchtitan's default MixedPrecisionPolicy)
 FWD_SHARE = 1 / 3  # forward / (forward + backward) FLOPs of a matmul layer (backward computes 2 matmuls per 1)
 
@@ -102,8 +112,10 @@ class Workload:
     fp8_all_gather: bool = False
     activation_checkpointing: str = "none"
     shape: ModelShape | None = None  # a shape outside core.catalog.shapes' table (published results of other models)
-    # Pipeline schedule (layouts with pp=P+): sequences per micro-batch and model chunks per stage (interleaved 1F1B)
-    micro_batch_size: int = 1
+    # Sequences per micro-batch: a pipeline's (layouts with pp=P+; None: 1, the runner's; 0: the schedule is unknown),
+    # or, without pp, a data-parallel rank's gradient accumulation (None: one micro-batch a step, the runner's)
+    micro_batch_size: int | None = None
+    # model chunks per pipeline stage (interleaved 1F1B)
     virtual_stages: int = 1
     # Data-parallel communication units: "per-block" (FSDP2: one unit per transformer block, as the runner and
     # TorchTitan wrap them) or "megatron" (Megatron-Core's buckets of max(40M, 1M x DP x CP) parameters, its
@@ -114,7 +126,18 @@ class Workload:
     # the gradients' reduction dtype (4: fp32, the runner's, TorchTitan's and NeMo's bf16 default; 2: bf16).
     distributed_optimizer: bool = False
     grad_reduce_bytes: int = GRAD_REDUCE_BYTES
+    # FSDP after a unit's forward: reshard its parameters and gather them again for the backward (FSDP2's
+    # reshard_after_forward), or keep them gathered until the backward (one gather a step, as ZeRO-1/2 and a
+    # distributed optimizer make). None: the runner's and TorchTitan's rule, reshard without pp and keep with pp.
+    reshard_after_forward: bool | None = None
+    # When a step's data-parallel collectives run (see DP_OVERLAP). None: the runner's rule, "reduce-after" with pp
+    # (torch.distributed.pipelining reduces FSDP's gradients after the last micro-batch), "overlapped" without.
+    dp_overlap: str | None = None
     compile: bool = False  # compiled blocks: the pipeline's last stage weighs its output layer by time (the runner's)
+
+    def __post_init__(self) -> None:
+        if self.dp_overlap is not None and self.dp_overlap not in DP_OVERLAP:
+            raise ValueError(f"dp_overlap: {self.dp_overlap!r} is not one of {', '.join(DP_OVERLAP)}")
 
     def model_shape(self) -> ModelShape:
         return self.shape if self.shape is not None else _shape(self.model, self.num_layers)
@@ -154,14 +177,30 @@ class Workload:
         cp = self.degrees(n).cp
         return _cp_factor(self.model_shape(), cp, self.seq_len) if cp > 1 else 1.0
 
+    def pipeline_micro_batch(self) -> int:
+        """Sequences per pipeline micro-batch (0: not known)."""
+        return 1 if self.micro_batch_size is None else self.micro_batch_size
+
+    def micro_batches(self, n: int) -> float:
+        """Micro-batches a step runs on a data-parallel rank (sequences per rank over micro_batch_size): a pipeline
+        stage's, or a gradient accumulation's; 1 where micro_batch_size is 0 (unknown) or, without pp, None."""
+        mbs = self.pipeline_micro_batch() if self.degrees(n).pp > 1 else (self.micro_batch_size or 0)
+        if mbs <= 0:
+            return 1.0
+        return max(1.0, self.sequences_per_dp_rank(n) / mbs)
+
+    def dp_overlap_mode(self, n: int) -> str:
+        if self.dp_overlap is not None:
+            return self.dp_overlap
+        return "reduce-after" if self.degrees(n).pp > 1 else "overlapped"
+
     def bubble(self, n: int) -> float:
         """Pipelined step over the bubble-free one: 1 + (P - 1) / (virtual stages x micro-batches per pipeline)
         (1F1B and its interleaved form, Narayanan et al., SC21); 1 without pp."""
         pp = self.degrees(n).pp
-        if pp <= 1 or self.micro_batch_size <= 0:  # 0: the schedule is unknown, no bubble modelled
+        if pp <= 1 or self.pipeline_micro_batch() <= 0:  # 0: the schedule is unknown, no bubble modelled
             return 1.0
-        micro_batches = max(1.0, self.sequences_per_dp_rank(n) / max(1, self.micro_batch_size))
-        return 1 + (pp - 1) / (max(1, self.virtual_stages) * micro_batches)
+        return 1 + (pp - 1) / (max(1, self.virtual_stages) * self.micro_batches(n))
 
     def degrees(self, n: int) -> ParallelDegrees:
         return _degrees(self.layout, n)
@@ -175,6 +214,12 @@ class Workload:
 
     def tokens_per_step(self, n: int) -> float:
         return self.sequences_per_dp_rank(n) * self.degrees(n).dp_degree * self.seq_len
+
+    def reshards_after_forward(self, n: int) -> bool:
+        """Whether FSDP gathers each block again for its backward (see reshard_after_forward)."""
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return self.degrees(n).pp <= 1
 
     def fp8_gather_active(self, n: int) -> bool:
         d = self.degrees(n)
@@ -329,7 +374,7 @@ def collectives(w: Workload, net: Network, n: int, gpus_per_node: int) -> Collec
     if d.pp > 1:
         s = w.model_shape()
         act_bytes = 4 if w.precision == "fp32" else 2
-        activation = w.micro_batch_size * w.seq_len / d.cp * s.dim * act_bytes / d.tp  # sequence parallel
+        activation = w.pipeline_micro_batch() * w.seq_len / d.cp * s.dim * act_bytes / d.tp  # sequence parallel
         stage_devices = n // d.pp
         out["p2p_ms"] = point_to_point(net, stage_devices < gpus_per_node, activation).time_us * ms
     return Collectives(**out)  # type: ignore[arg-type]
@@ -403,23 +448,38 @@ def step_time(
     wf = work * (1 - share) * fwd_share / num_layers
     wb = work * (1 - share) * (1 - fwd_share) / num_layers
     f = net.collective_sm_fraction
-    # (count, comm beside it, compute) of the blocks of forward and backward; the head and tail are exposed
-    if c.ag_block:  # FSDP/HSDP: block L-1 prefetches L-2's gather; blocks L-2..1 also reduce L+1; block 0 only reduces
-        bwd = (
-            [(1, c.ag_block, wb), (num_layers - 2, c.ag_block + c.rs_block, wb), (1, c.rs_block, wb)]
-            if num_layers > 1
-            else [(1, 0.0, wb)]
-        )
-    else:  # DDP (or none): block i's backward hides block i+1's all-reduce
-        bwd = [(1, 0.0, wb), (num_layers - 1, c.ar_block, wb)]
-    blocks = [(num_layers - 1, c.ag_block, wf), (1, 0.0, wf)] + bwd
-    if c.cp_fwd_block or c.cp_bwd_block:  # CP's key/value exchange runs beside each block's attention
-        blocks = [(m, x + k * c.cp_fwd_block, y) for m, x, y in blocks[:2]] + [
-            (m, x + k * c.cp_bwd_block, y) for m, x, y in blocks[2:]
-        ]
-    # the first gathers and last reductions, and the pipeline's fill and drain sends (forward and backward)
+    # A stage's m micro-batches: the data-parallel collectives run once a step, beside the first micro-batch's forward
+    # (gathers) and the last one's backward (reductions), or exposed after them (dp_overlap); CP's exchange runs
+    # beside every micro-batch's attention. (count, comm beside it, compute) of the blocks of one micro-batch:
+    m = w.micro_batches(n)
+    mode = w.dp_overlap_mode(n)
+    wf, wb = wf / m, wb / m
+    reduce_ms = c.ar_block or c.rs_block
+    gather = c.ag_block if mode != "none" else 0.0  # beside forward's (and a re-gathering backward's) blocks
+    red = reduce_ms if mode == "overlapped" else 0.0
+    bwd: list[tuple[float, float, float]]
+    if c.ag_block and w.reshards_after_forward(n):
+        # FSDP/HSDP: block L-1 prefetches L-2's gather; blocks L-2..1 also reduce L+1; block 0 only reduces
+        bwd = [(1, gather, wb), (num_layers - 2, gather + red, wb), (1, red, wb)] if num_layers > 1 else [(1, 0.0, wb)]
+    else:  # DDP (or none), or FSDP kept gathered: block i's backward hides block i+1's reduction
+        bwd = [(1, 0.0, wb), (num_layers - 1, red, wb)]
+    # the other m - 1 micro-batches: compute alone, or beside CP's exchange, which runs beside each block's attention
+    fwd: list[tuple[float, float, float]] = [
+        (num_layers - 1, gather, wf),
+        (1, 0.0, wf),
+        ((m - 1) * num_layers, 0.0, wf),
+    ]
+    bwd.append(((m - 1) * num_layers, 0.0, wb))
+    cf, cb = k * c.cp_fwd_block / m, k * c.cp_bwd_block / m  # per micro-batch
+    blocks = [(q, x + cf, y) for q, x, y in fwd] + [(q, x + cb, y) for q, x, y in bwd]
+    # the first gathers and last reductions, and the pipeline's fill and drain sends (forward and backward); what
+    # dp_overlap does not put beside compute is exposed
     p2p_ms = 2 * (w.degrees(n).pp - 1) * c.p2p_ms
-    head_tail = c.ag_root + c.ag_block + c.rs_block + c.rs_root + c.ar_block + c.ar_root + p2p_ms
+    head_tail = c.ag_root + c.ag_block + c.rs_root + c.ar_root + reduce_ms + p2p_ms
+    if mode != "overlapped":
+        head_tail += (num_layers - 1) * reduce_ms
+    if mode == "none":
+        head_tail += (num_layers - 1) * c.ag_block
     tp_ms = c.tp_per_block * w.stage_layers(n)
     blocks = [b for b in blocks if b[0] > 0]  # 0 x inf would be nan (one- and two-layer models)
     layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]

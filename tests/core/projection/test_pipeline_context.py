@@ -158,6 +158,50 @@ def test_a_pipelined_step_runs_at_its_slowest_stage():
     assert p.step_ms > 1000.0 * w.stage_compute_factor(32)
 
 
+def test_pipeline_stages_keep_their_blocks_gathered_and_reduce_after_the_last_micro_batch():
+    # torch.distributed.pipelining, as the runner and TorchTitan run FSDP under pp: no re-gather before the backward
+    # (reshard_after_forward off), and the gradients reduce-scattered in its REDUCE_GRAD action, after every backward
+    net = H100.model_copy(update={"device_speed_cv": 0.0})
+    w = workload("pp=4+fsdp", micro_batch_size=1)
+    assert not w.reshards_after_forward(64) and w.dp_overlap_mode(64) == "reduce-after"
+    assert workload("fsdp").reshards_after_forward(64) and workload("fsdp").dp_overlap_mode(64) == "overlapped"
+    assert w.micro_batches(64) == 8 and workload("fsdp").micro_batches(64) == 1  # the runner's step: one micro-batch
+    c, layers = collectives(w, net, 64, 8), w.stage_layers(64)
+    p = step_time(w, net, 64, 8, 1000.0)
+    p2p = 2 * 3 * c.p2p_ms
+    # one gather of each block and the root a step, one reduction of each
+    assert p.communication_ms == pytest.approx(layers * (c.ag_block + c.rs_block) + c.ag_root + c.rs_root + p2p)
+    # every reduce-scatter exposed, and the gathers beside the first micro-batch's forward only
+    assert p.exposed_communication_ms >= layers * c.rs_block + c.rs_root + c.ag_block + c.ag_root + p2p - 1e-9
+    regather = dataclasses.replace(w, reshard_after_forward=True)
+    assert step_time(regather, net, 64, 8, 1000.0).communication_ms == pytest.approx(
+        p.communication_ms + (layers - 1) * c.ag_block
+    )
+    # Megatron-Core's overlap: gathers beside the first micro-batch, reductions beside the last one's backward
+    overlapped = step_time(dataclasses.replace(w, dp_overlap="overlapped"), net, 64, 8, 1000.0)
+    assert overlapped.communication_ms == pytest.approx(p.communication_ms)
+    assert overlapped.exposed_communication_ms < p.exposed_communication_ms
+    # DeepSpeed's pipeline engine: every data-parallel collective exposed
+    none = step_time(dataclasses.replace(w, dp_overlap="none"), net, 64, 8, 1000.0)
+    assert none.exposed_communication_ms == pytest.approx(none.communication_ms)
+    assert none.step_ms > p.step_ms > overlapped.step_ms
+    with pytest.raises(ValueError, match="dp_overlap: 'later' is not one of overlapped, reduce-after, none"):
+        workload("fsdp", dp_overlap="later")
+
+
+def test_a_data_parallel_collective_overlaps_one_micro_batch_not_the_whole_step():
+    # the same step in 1 or 16 micro-batches: the per-step gathers and reductions hide behind one micro-batch's
+    # compute, so with more micro-batches more of them is exposed
+    net = H100.model_copy(update={"device_speed_cv": 0.0})
+    one = workload("pp=2+fsdp", micro_batch_size=8, dp_overlap="overlapped")
+    many = dataclasses.replace(one, micro_batch_size=1)
+    assert one.micro_batches(64) == 1 and many.micro_batches(64) == 8
+    a, b = step_time(one, net, 64, 8, 200.0), step_time(many, net, 64, 8, 200.0)
+    sends = [2 * collectives(w, net, 64, 8).p2p_ms for w in (one, many)]  # a micro-batch's fill and drain sends
+    assert a.communication_ms - sends[0] == pytest.approx(b.communication_ms - sends[1])
+    assert b.exposed_communication_ms > a.exposed_communication_ms
+
+
 def test_a_context_parallel_rank_pays_its_measured_attention_cost():
     from core.projection.step_model import cp_attention_cost
 
