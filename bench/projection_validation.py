@@ -185,6 +185,8 @@ def load_published(directory: Path = PUBLISHED_DIR) -> list[Published]:
                 dp_buckets=p.get("dp_buckets", "per-block"),
                 distributed_optimizer=bool(p.get("distributed_optimizer", False)),
                 grad_reduce_bytes=int(p.get("grad_reduce_bytes", 4)),
+                reshard_after_forward=p.get("reshard_after_forward"),
+                dp_overlap=p.get("dp_overlap"),
             )
             net = p["network"]
             units = int(p.get("compute_units") or COMPUTE_UNITS[net["platform"]])
@@ -541,6 +543,8 @@ def _table_key(s: Published) -> tuple:
         s.gpus_per_node,
         s.pipeline_stages,
         json.dumps(s.network, sort_keys=True),
+        w.dp_overlap,  # how the stack runs its data-parallel traffic: two schedules are two tables
+        w.reshard_after_forward,
     )
 
 
@@ -560,7 +564,8 @@ def monotone_floor(series: list[Published]) -> list[dict]:
     """What any model of a wide family must miss, from the published figures alone (no model is evaluated).
 
     The family: (i) E does not rise with N; (ii) of two series of one table (one source, layout, precision,
-    scaling mode, sequence length and network; strong scaling included, each step's work split alike), the one that
+    scaling mode, sequence length, network and data-parallel schedule (Workload.dp_overlap, reshard_after_forward);
+    strong scaling included, each step's work split alike), the one that
     moves at least as many parameters per FLOP in a step no longer than the other's loses at least as much from a
     common N to a larger one (communication has less compute to hide behind, and the straggler wait is the same
     share of the step). Series A (N0 = a) and B (N0 = m >= a, with m among A's points) at a shared N: a model of the
@@ -654,7 +659,7 @@ def mean_miss_floor(series: list[Published], floor: list[dict]) -> tuple[float, 
 
 def unknown_schedule_sources(series: list[Published]) -> list[str]:
     """Sources whose pipelined series do not publish their schedule (no bubble modelled for them)."""
-    return sorted({s.source for s in series if s.pipeline_stages > 1 and s.workload.micro_batch_size <= 0})
+    return sorted({s.source for s in series if s.pipeline_stages > 1 and (s.workload.micro_batch_size or 0) <= 0})
 
 
 def targets_without(variant: dict, sources: list[str]) -> dict:

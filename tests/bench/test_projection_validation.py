@@ -202,19 +202,24 @@ def test_the_monotone_floor_pairs_series_of_one_table_and_rises_within_a_series(
 def test_the_monotone_floor_pairs_strong_scaling_series_of_one_table():
     by_id = {s.id: s for s in pv.load_published()}
     odo, distopt = by_id["alibaba-a100-llama13b-tp2-odo-strong"], by_id["alibaba-a100-llama13b-tp2-distopt-strong"]
-    # the same model, batch and layout; the overlapped optimizer's step is shorter, yet it loses 2.4% against 12.3%
-    (row,) = [r for r in pv.monotone_floor([odo, distopt]) if r["kind"] == "two series of one table"]
+    # the same model, batch and layout; the overlapped optimizer's step is shorter, yet it loses 2.4% against 12.3%:
+    # the two run their data-parallel traffic differently (dp_overlap), so the family does not pair them...
+    assert not [r for r in pv.monotone_floor([odo, distopt]) if r["kind"] == "two series of one table"]
+    # ...as it pairs two series that schedule it alike
+    alike = dataclasses.replace(distopt, workload=dataclasses.replace(distopt.workload, dp_overlap=None))
+    (row,) = [r for r in pv.monotone_floor([odo, alike]) if r["kind"] == "two series of one table"]
     assert row["series"] == [odo.id, distopt.id] and (row["from_num_devices"], row["num_devices"]) == (256, 512)
     assert row["floor_pp"] == pytest.approx(50 * (1845 / 1890 - 1430 / 1630))
     assert row["params_per_flop_ratio"] == pytest.approx(1.0)
     report = json.loads(RESULT.read_text())
-    assert report["monotone_floor_up_to_2304_pp"] == pytest.approx(row["floor_pp"])
+    floor = [r["floor_pp"] for r in pv.monotone_floor(pv.load_published()) if r["num_devices"] <= 2304]
+    assert report["monotone_floor_up_to_2304_pp"] == pytest.approx(max(floor))  # the recorded run saw these files
 
 
 def test_the_mean_miss_floor_adds_rows_that_share_no_point():
     by_id = {s.id: s for s in pv.load_published()}
     odo, distopt = by_id["alibaba-a100-llama13b-tp2-odo-strong"], by_id["alibaba-a100-llama13b-tp2-distopt-strong"]
-    pair = [odo, distopt]
+    pair = [odo, dataclasses.replace(distopt, workload=dataclasses.replace(distopt.workload, dp_overlap=None))]
     (row,) = [r for r in pv.monotone_floor(pair) if r["kind"] == "two series of one table"]
     mean, rows = pv.mean_miss_floor(pair, pv.monotone_floor(pair))
     assert mean == pytest.approx(2 * row["floor_pp"] / 2)  # one point each: the whole gap over the two series
