@@ -457,8 +457,9 @@ def step_time(
     reduce_ms = c.ar_block or c.rs_block
     gather = c.ag_block if mode != "none" else 0.0  # beside forward's (and a re-gathering backward's) blocks
     red = reduce_ms if mode == "overlapped" else 0.0
+    regather = bool(c.ag_block) and w.reshards_after_forward(n)
     bwd: list[tuple[float, float, float]]
-    if c.ag_block and w.reshards_after_forward(n):
+    if regather:
         # FSDP/HSDP: block L-1 prefetches L-2's gather; blocks L-2..1 also reduce L+1; block 0 only reduces
         bwd = [(1, gather, wb), (num_layers - 2, gather + red, wb), (1, red, wb)] if num_layers > 1 else [(1, 0.0, wb)]
     else:  # DDP (or none), or FSDP kept gathered: block i's backward hides block i+1's reduction
@@ -478,8 +479,8 @@ def step_time(
     head_tail = c.ag_root + c.ag_block + c.rs_root + c.ar_root + reduce_ms + p2p_ms
     if mode != "overlapped":
         head_tail += (num_layers - 1) * reduce_ms
-    if mode == "none":
-        head_tail += (num_layers - 1) * c.ag_block
+    if mode == "none":  # forward's other gathers, and a re-gathering backward's
+        head_tail += (num_layers - 1) * c.ag_block * (2 if regather else 1)
     tp_ms = c.tp_per_block * w.stage_layers(n)
     blocks = [b for b in blocks if b[0] > 0]  # 0 x inf would be nan (one- and two-layer models)
     layers = [(k, *_layer(x, y, f)) for k, x, y in blocks]

@@ -185,6 +185,11 @@ def test_pipeline_stages_keep_their_blocks_gathered_and_reduce_after_the_last_mi
     none = step_time(dataclasses.replace(w, dp_overlap="none"), net, 64, 8, 1000.0)
     assert none.exposed_communication_ms == pytest.approx(none.communication_ms)
     assert none.step_ms > p.step_ms > overlapped.step_ms
+    # every schedule moves the same collectives; "none" only exposes them (FSDP's re-gathers before the backward too)
+    for wl in (w, workload("fsdp")):
+        kept = step_time(wl, net, 64, 8, 1000.0).communication_ms
+        exposed = step_time(dataclasses.replace(wl, dp_overlap="none"), net, 64, 8, 1000.0)
+        assert exposed.communication_ms == pytest.approx(kept) == pytest.approx(exposed.exposed_communication_ms)
     with pytest.raises(ValueError, match="dp_overlap: 'later' is not one of overlapped, reduce-after, none"):
         workload("fsdp", dp_overlap="later")
 
