@@ -543,8 +543,9 @@ def _table_key(s: Published) -> tuple:
         s.gpus_per_node,
         s.pipeline_stages,
         json.dumps(s.network, sort_keys=True),
-        w.dp_overlap,  # how the stack runs its data-parallel traffic: two schedules are two tables
-        w.reshard_after_forward,
+        # how the stack runs its data-parallel traffic, as the step model resolves it: two schedules are two tables
+        w.dp_overlap_mode(s.n0),
+        w.reshards_after_forward(s.n0),
     )
 
 

@@ -208,6 +208,11 @@ def test_the_monotone_floor_pairs_strong_scaling_series_of_one_table():
     # ...as it pairs two series that schedule it alike
     alike = dataclasses.replace(distopt, workload=dataclasses.replace(distopt.workload, dp_overlap=None))
     (row,) = [r for r in pv.monotone_floor([odo, alike]) if r["kind"] == "two series of one table"]
+    # a schedule named or left to the default is the same schedule: without pp the default is "overlapped"
+    named = dataclasses.replace(distopt, workload=dataclasses.replace(distopt.workload, dp_overlap="overlapped"))
+    assert [r["floor_pp"] for r in pv.monotone_floor([odo, named]) if r["kind"] == "two series of one table"] == [
+        row["floor_pp"]
+    ]
     assert row["series"] == [odo.id, distopt.id] and (row["from_num_devices"], row["num_devices"]) == (256, 512)
     assert row["floor_pp"] == pytest.approx(50 * (1845 / 1890 - 1430 / 1630))
     assert row["params_per_flop_ratio"] == pytest.approx(1.0)
