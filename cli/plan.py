@@ -13,6 +13,7 @@ from rich.table import Table
 from cli.client import ApiClient, CliError
 from cli.runs import ServerOpt, TokenOpt, cli_errors, console
 from core.projection.plan import DEFAULT_MIN_EFFICIENCY, parse_token_count
+from core.projection.stack import STACK_FORM, parse_stack
 
 
 def fetch_plan(
@@ -25,8 +26,10 @@ def fetch_plan(
     min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
     calibrate: bool = False,
     layouts: list[str] | None = None,
+    stack: str | None = None,
 ) -> dict[str, Any]:
-    """The server's plan; `layouts` None: its default layouts besides the measured ones, [] the measured only."""
+    """The server's plan; `layouts` None: its default layouts besides the measured ones, [] the measured only;
+    `stack` the measured stack's description (core.projection.stack), None the runner's."""
     return client.get(
         f"/experiments/{experiment_id}/plan",
         tokens=repr(tokens),
@@ -36,6 +39,7 @@ def fetch_plan(
         min_efficiency=min_efficiency,
         calibrate=str(calibrate).lower(),
         layouts=None if layouts is None else ",".join(layouts),
+        stack=stack,
     )
 
 
@@ -188,6 +192,13 @@ def register(app: typer.Typer) -> None:
         measured_only: Annotated[
             bool, typer.Option("--measured-only", help="Plan with the measured layouts only (no pp / cp forms).")
         ] = False,
+        stack: Annotated[
+            str | None,
+            typer.Option(
+                help="The measured stack's data-parallel traffic and schedule where it is not the scalebench "
+                "runner's (an imported series): " + STACK_FORM + ". Fields not given keep the runner's.",
+            ),
+        ] = None,
         every_option: Annotated[bool, typer.Option("--all", help="Every precision x layout per N.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="The plan as JSON.")] = False,
         server: ServerOpt = None,
@@ -198,6 +209,10 @@ def register(app: typer.Typer) -> None:
             budget = parse_token_count(tokens)
         except ValueError as exc:
             raise CliError(f"--{exc}") from None
+        try:
+            parse_stack(stack)
+        except ValueError as exc:
+            raise CliError(f"--stack: {exc}") from None
         if measured_only and layouts:
             raise CliError(
                 "--measured-only and --layout exclude each other: --measured-only plans with the measured layouts only"
@@ -213,6 +228,7 @@ def register(app: typer.Typer) -> None:
                 min_efficiency,
                 calibrate,
                 [] if measured_only else layouts,
+                stack,
             )
         if as_json:
             typer.echo(json.dumps(body, indent=2))

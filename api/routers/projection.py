@@ -23,6 +23,7 @@ from api.schemas.projection import (
     bad_query,
     parse_gpu_counts,
     parse_layouts,
+    parse_stack_query,
     parse_tokens,
     projection_csv,
 )
@@ -31,6 +32,7 @@ from core.contracts.clusters import Cluster
 from core.projection.model import NetworkUsed, project_report
 from core.projection.network import default_network
 from core.projection.plan import DEFAULT_MIN_EFFICIENCY, build_plan, default_plan_layouts, plan_counts
+from core.projection.stack import STACK_FIELDS, STACK_FORM
 from db.models import Experiment
 
 router = APIRouter(tags=["analysis"])
@@ -40,6 +42,19 @@ ClusterName = Annotated[
         max_length=100,
         description=(
             "Configured cluster whose network to project onto (GET /clusters); default: the experiment's own."
+        ),
+    ),
+]
+StackQuery = Annotated[
+    str | None,
+    Query(
+        max_length=400,
+        description=(
+            "The measured stack's data-parallel traffic and schedule, where it is not the scalebench runner's "
+            "(an imported series, a command engine): "
+            + STACK_FORM
+            + ". Fields not given keep the runner's. "
+            + "; ".join(f"{k}: {what}" for k, (_, what) in STACK_FIELDS.items())
         ),
     ),
 ]
@@ -140,16 +155,18 @@ def get_projection(
             ),
         ),
     ] = None,
+    stack: StackQuery = None,
     format: Annotated[Literal["json", "csv"], Query(description="json (default) or csv (one row per point).")] = "json",
 ) -> Any:
     counts = parse_gpu_counts(gpu_counts)
     extra_layouts = parse_layouts(layouts)
+    described = parse_stack_query(stack)
     headers, unchanged = etag.check(request, session, [experiment_id])
     if unchanged:
         return unchanged
     _, spec, net, report, breakdowns = _load(session, clusters, experiment_id, cluster)
     projected = project_report(
-        report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate, layouts=extra_layouts
+        report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate, layouts=extra_layouts, stack=described
     )
     body = ProjectionRead(experiment_id=experiment_id, **dict(projected))
     if format == "csv":
@@ -192,9 +209,11 @@ def get_plan(
             ),
         ),
     ] = None,
+    stack: StackQuery = None,
 ) -> Any:
     budget = parse_tokens(tokens)
     asked = parse_layouts(layouts) if layouts is not None else None
+    described = parse_stack_query(stack)
     headers, unchanged = etag.check(request, session, [experiment_id])
     if unchanged:
         return unchanged
@@ -202,7 +221,7 @@ def get_plan(
     counts = plan_counts((p.num_devices for s in report.series for p in s.points if p.tokens_per_sec), max_gpus)
     extra_layouts = asked if asked is not None else default_plan_layouts(s.key.layout for s in report.series)
     projected = project_report(
-        report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate, layouts=extra_layouts
+        report, spec, net, counts, breakdowns=breakdowns, calibrate=calibrate, layouts=extra_layouts, stack=described
     )
     plan = build_plan(
         report, projected, tokens=budget, max_gpus=max_gpus, min_efficiency=min_efficiency, gpu_hour_cost=gpu_hour_cost

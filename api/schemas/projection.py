@@ -9,6 +9,7 @@ from api.problems import FieldError, ProblemError
 from core.contracts.specs import LAYOUT_FORMS, check_layout
 from core.projection.model import NetworkUsed, ProjectedPoint, ProjectionReport
 from core.projection.plan import Plan, parse_token_count
+from core.projection.stack import STACK_FORM, StackValue, parse_stack
 
 MAX_GPU_COUNTS = 32
 MAX_NUM_DEVICES = 1 << 20
@@ -63,6 +64,15 @@ def parse_layouts(raw: str | None) -> list[str]:
         except ValueError as exc:
             raise bad_query("layouts", str(exc), allowed) from exc
     return list(dict.fromkeys(out))
+
+
+def parse_stack_query(raw: str | None) -> dict[str, StackValue]:
+    """The `stack` query: field=value pairs (core.projection.stack); 422 naming the parameter, the field and the
+    allowed values otherwise."""
+    try:
+        return parse_stack(raw)
+    except ValueError as exc:
+        raise bad_query("stack", str(exc), [STACK_FORM]) from exc
 
 
 def parse_tokens(raw: str) -> float:

@@ -39,6 +39,7 @@ from core.projection.constants import (
     VALIDATION_MEAN_MISS_PP,
 )
 from core.projection.network import Network
+from core.projection.stack import StackValue, describe_stack, stack_note
 from core.projection.step_model import StepParts, Workload, solve_compute, step_time
 
 BREAKDOWN_KEYS = (
@@ -63,8 +64,8 @@ ASSUMPTIONS = (
     f"layer's x{COMPILED_OUTPUT_SCALE:g} with compiled blocks, fp8-tensorwise's on one H100): the last stage, "
     "which also runs the output layer and the loss, takes fewer; the step runs at the slowest stage (its work over "
     "the mean device's; the other stages' wait is idle time) and waits out the 1F1B bubble 1 + (P - 1) / "
-    "(virtual stages x micro-batches), one micro-batch of one sequence and one virtual stage (the runner's "
-    "schedule; no request field sets them), plus the fill and drain sends between stages; context parallel "
+    "(virtual stages x micro-batches), micro-batches of one sequence and one virtual stage (the runner's "
+    "schedule) unless the stack sets them, plus the fill and drain sends between stages; context parallel "
     "(cp=C+): each block exchanges the keys and values of its sequence over the C ranks beside its attention, "
     "gradients sync over DP x CP, and a rank's attention takes "
     + ", ".join(f"{f:g}x at C = {c}" for c, f in CP_ATTENTION_COST.items())
@@ -395,7 +396,7 @@ def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibratio
     ), fitted
 
 
-def _workload(key: SeriesKey, spec: Mapping[str, Any]) -> Workload:
+def _workload(key: SeriesKey, spec: Mapping[str, Any], stack: Mapping[str, StackValue]) -> Workload:
     return Workload(
         model=key.model,
         num_layers=key.num_layers,
@@ -408,6 +409,7 @@ def _workload(key: SeriesKey, spec: Mapping[str, Any]) -> Workload:
         fp8_all_gather=bool(spec.get("fp8_all_gather", False)),
         activation_checkpointing=spec.get("activation_checkpointing", "none"),
         compile=bool(spec.get("compile", False)),
+        **stack,  # type: ignore[arg-type]
     )
 
 
@@ -438,6 +440,7 @@ def project_series(
     calibrate: bool = False,
     max_devices: int | None = None,
     layout: str | None = None,
+    stack: Mapping[str, StackValue] | None = None,
 ) -> tuple[ProjectedSeries, dict[int, float]]:
     """One series projected at gpu_counts; also {N: projected X} for the fp8 speedups.
 
@@ -467,7 +470,7 @@ def project_series(
             points=[],
             notes=["no measured point: nothing to project from"],
         ), {}
-    w, n0 = _workload(series.key, spec), min(measured)
+    w, n0 = _workload(series.key, spec, stack or {}), min(measured)
     try:
         tokens0 = w.tokens_per_step(n0)
     except (ValueError, AssertionError) as exc:
@@ -487,7 +490,7 @@ def project_series(
         return _refused(
             series, f"the modelled step at N0={n0} is not a finite number (step {step0_ms:.3g} ms)", n0, measured[n0]
         ), {}
-    notes = []
+    notes = [note] if (note := stack_note(series.key.engine, stack or {})) else []
     if model.compute0_ms == 0.0 and base.step_ms > step0_ms * (1 + 1e-6):
         notes.append(
             f"the model's communication alone ({base.step_ms:.3g} ms) exceeds the measured step at "
@@ -574,10 +577,12 @@ def project_report(
     breakdowns: Mapping[tuple[str, str, int], Mapping[str, float]] | None = None,
     calibrate: bool = False,
     layouts: Sequence[str] = (),
+    stack: Mapping[str, StackValue] | None = None,
 ) -> ProjectionReport:
     """Every series of a scaling report projected; breakdowns keyed by (precision, layout, N). `layouts` adds, for
     every measured series, its projection onto each of those layout templates (pp / cp ones included) that the
-    experiment did not measure."""
+    experiment did not measure. `stack` describes the measured stack's data-parallel traffic and schedule
+    (core.projection.stack; empty: the scalebench runner's)."""
     extra = list(dict.fromkeys(check_layout(t) for t in layouts))
     measured_keys = {s.key for s in report.series}
     out, xs = [], {}
@@ -593,6 +598,7 @@ def project_report(
             breakdown=bd,
             calibrate=calibrate,
             max_devices=net.max_devices,
+            stack=stack,
         )
         out.append(ps)
         xs[s.key] = x
@@ -610,11 +616,17 @@ def project_report(
                 calibrate=calibrate,
                 max_devices=net.max_devices,
                 layout=layout,
+                stack=stack,
             )
             out.append(ps)
             xs[key] = x
     out = [_with_speedups(ps, xs) for ps in out]
-    return ProjectionReport(network=net, gpu_counts=sorted(set(gpu_counts)), assumptions=list(ASSUMPTIONS), series=out)
+    return ProjectionReport(
+        network=net,
+        gpu_counts=sorted(set(gpu_counts)),
+        assumptions=[describe_stack(stack or {}), *ASSUMPTIONS],
+        series=out,
+    )
 
 
 def _with_speedups(ps: ProjectedSeries, xs: Mapping[SeriesKey, dict[int, float]]) -> ProjectedSeries:

@@ -16,8 +16,14 @@ from dataclasses import replace
 import pytest
 import sqlalchemy as sa
 
-from core.projection.constants import INTER_NODE_EFFICIENCY, INTRA_NODE_EFFICIENCY
+from core.projection.constants import (
+    COLLECTIVE_UNITS,
+    DEVICE_SPEED_CV,
+    INTER_NODE_EFFICIENCY,
+    INTRA_NODE_EFFICIENCY,
+)
 from db.models import Run
+from tests.bench.test_projection_validation import pv
 
 TORCHTITAN = {
     ("eager", 8): 5762,
@@ -50,6 +56,17 @@ max_nodes = 128
 [cluster.network]
 platform = "mi325x-platform"
 nic = "pollara-400g"
+
+[[cluster]]
+name = "mi325x-roce"
+vendor = "amd"
+device_name = "AMD Instinct MI325X"
+gpus_per_node = 8
+max_nodes = 128
+
+[cluster.network]
+platform = "mi325x-platform"
+nic = "roce-400g"
 
 [[cluster]]
 name = "h100-no-network"
@@ -220,6 +237,10 @@ def test_bad_parameters_are_422_naming_the_parameter(api) -> None:
     assert "query.max_gpus" in problem(f"/experiments/{exp}/plan?tokens=1T")
     assert "query.min_efficiency" in problem(f"/experiments/{exp}/plan?tokens=1T&max_gpus=8&min_efficiency=2")
     assert "query.format" in problem(f"/experiments/{exp}/projection?format=xml")
+    stack = problem(f"/experiments/{exp}/projection?stack=dp_overlap=sometimes")["query.stack"]
+    assert stack["message"] == "dp_overlap: 'sometimes' is not one of overlapped, reduce-after, none"
+    assert "grad_reduce_bytes (2|4)" in stack["allowed"][0]
+    assert "query.stack" in problem(f"/experiments/{exp}/plan?tokens=1T&max_gpus=8&stack=zero_stage=3")
     assert api.get("/experiments/999999/projection").status_code == 404
 
 
@@ -285,6 +306,8 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
         bad = CliRunner().invoke(app, [*base, "--tokens", "lots"])
         missing = CliRunner().invoke(app, ["plan", "999999", "--tokens", "1T", "--max-gpus", "8", "--server", url])
         piped = CliRunner().invoke(app, [*base, "--tokens", "1T", "--layout", "pp=2+fsdp", "--all", "--json"])
+        stacked = CliRunner().invoke(app, [*base, "--tokens", "1T", "--stack", "grad_reduce_bytes=2", "--json"])
+        bad_stack = CliRunner().invoke(app, [*base, "--tokens", "1T", "--stack", "grad_reduce_bytes=3"])
     assert table.exit_code == 0, table.output
     assert "fastest within the cap: N=1024 fp8-tensorwise fsdp (projected)" in table.output
     assert "cheapest with E(N) >= 90%: N=8 fp8-tensorwise fsdp (measured)" in table.output
@@ -295,6 +318,9 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     assert piped.exit_code == 0, piped.output
     rows = {r["num_devices"]: r for r in json.loads(piped.stdout)["rows"]}
     assert {o["layout"] for o in rows[1024]["options"]} == {"fsdp", "pp=2+fsdp"}
+    assert stacked.exit_code == 0, stacked.output
+    assert json.loads(stacked.stdout)["assumptions"][0].startswith("stack: as described, grad_reduce_bytes=2;")
+    assert bad_stack.exit_code == 1 and "--stack: grad_reduce_bytes: '3' is not one of 2, 4" in bad_stack.output
 
 
 def test_dashboard_loads_the_projection_script(api) -> None:
@@ -331,3 +357,52 @@ def test_plan_for_1024_gpus_of_an_8b_model_on_mi325x_lists_its_interval(api) -> 
         assert o["source"] == "projected"
         assert o["efficiency_low"] < o["efficiency"] < o["efficiency_high"]
         assert o["time_to_train_hours_low"] < o["time_to_train_hours"] < o["time_to_train_hours_high"]
+
+
+def test_a_described_stack_is_projected_as_the_validation_scores_it(api) -> None:
+    """AMD's MI325X Megatron row of bench/published imported as the team's own stack: without a description the
+    series is charged the runner's collectives and says so; described as its published file describes it, the API
+    projects what bench/projection_validation.py scores with the shipped constants."""
+    (pub,) = [s for s in pv.load_published() if s.id == "amd-mi325x-8b-fp8-megatron-dp"]
+    shipped = {
+        "collective_units": COLLECTIVE_UNITS,
+        "intra_node_efficiency": INTRA_NODE_EFFICIENCY,
+        "inter_node_efficiency": INTER_NODE_EFFICIENCY,
+        "device_speed_cv": DEVICE_SPEED_CV,
+    }
+    expected = pv.project(pub, shipped)[64]
+    r = api.post(
+        "/experiments/import",
+        json={
+            "name": "primus mi325x",
+            "model": "8b",
+            "cluster": "mi325x-roce",
+            "scaling": "weak",
+            "seq_len": 8192,
+            "local_batch_size": 16,
+            "points": [
+                {
+                    "num_devices": n,
+                    "precision": "fp8-tensorwise",
+                    "layout": "ddp",
+                    "engine": "command:primus",
+                    "tokens_per_sec_per_device": x,
+                }
+                for n, x in pub.points.items()
+            ],
+        },
+    )
+    assert r.status_code == 201, r.text
+    url = f"/experiments/{r.json()['id']}/projection?gpu_counts=64"
+    (runner,) = _ok(api.get(url))["series"]
+    assert runner["notes"][0].startswith("measured on command:primus, projected with the scalebench runner's")
+    stack = "distributed_optimizer=true,dp_buckets=megatron,micro_batch_size=2"
+    assert pub.workload.distributed_optimizer and pub.workload.dp_buckets == "megatron"
+    assert pub.workload.micro_batch_size == 2 and pub.workload.grad_reduce_bytes == 4
+    body = _ok(api.get(f"{url}&stack={stack}"))
+    (described,) = body["series"]
+    assert body["assumptions"][0].startswith(f"stack: as described, {stack.replace(',', ', ')} (distributed")
+    assert not any("describe its stack" in n for n in described["notes"])
+    e64 = {p["num_devices"]: p["efficiency"] for p in described["points"]}[64]
+    assert e64 == pytest.approx(expected, abs=1e-9)
+    assert {p["num_devices"]: p["efficiency"] for p in runner["points"]}[64] != pytest.approx(expected, abs=1e-4)

@@ -1,0 +1,115 @@
+"""A measured stack's description (core.projection.stack): parsed with errors that name the field and the allowed
+values, and charged by the projection as the published results' own descriptions are. Pure logic, milliseconds."""
+
+import pytest
+
+from core.analysis.scaling import RunPoint, build_report
+from core.projection.model import NetworkUsed, project_report
+from core.projection.network import Network
+from core.projection.stack import STACK_FIELDS, describe_stack, parse_stack
+
+H100 = Network(platform="h100-hgx", nic="ib-400g")
+NET = NetworkUsed(
+    cluster="t",
+    source="test",
+    gpus_per_node=8,
+    max_devices=None,
+    inter_node_gb_per_s=H100.inter_node_gb_per_s,
+    network=H100,
+)
+SPEC = {"seq_len": 8192, "local_batch_size": 4}
+MEGATRON = "distributed_optimizer=true,grad_reduce_bytes=2"
+
+
+def test_a_stack_parses_to_typed_values() -> None:
+    assert parse_stack(None) == parse_stack("") == parse_stack(" , ") == {}
+    assert parse_stack(" dp_overlap = none , reshard_after_forward=FALSE,grad_reduce_bytes=2,virtual_stages=4") == {
+        "dp_overlap": "none",
+        "reshard_after_forward": False,
+        "grad_reduce_bytes": 2,
+        "virtual_stages": 4,
+    }
+    assert parse_stack(MEGATRON) == {
+        "distributed_optimizer": True,
+        "grad_reduce_bytes": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ("dp_overlap=sometimes", "dp_overlap: 'sometimes' is not one of overlapped, reduce-after, none"),
+        ("grad_reduce_bytes=8", "grad_reduce_bytes: '8' is not one of 2, 4"),
+        ("distributed_optimizer=yes", "distributed_optimizer: 'yes' is not one of true, false"),
+        ("micro_batch_size=0", "micro_batch_size: '0' is not a whole number from 1 to 4096"),
+        ("virtual_stages=x", "virtual_stages: 'x' is not a whole number from 1 to 64"),
+        ("zero_stage=3", "'zero_stage' is not a stack field; fields: dp_overlap, reshard_after_forward"),
+        ("dp_overlap", "'dp_overlap' is not a field=value pair"),
+        ("dp_overlap=", "'dp_overlap=' is not a field=value pair"),
+        ("dp_overlap=none,dp_overlap=overlapped", "dp_overlap given twice"),
+    ],
+)
+def test_a_bad_stack_names_the_field_and_what_it_allows(raw: str, says: str) -> None:
+    with pytest.raises(ValueError, match="^" + says.replace("(", r"\(").replace(")", r"\)")):
+        parse_stack(raw)
+
+
+def _projection(engine: str, layout: str, stack: str | None = None):
+    points = [
+        RunPoint(
+            run_id=i,
+            engine=engine,
+            model="8b",
+            num_layers=32,
+            precision="bf16",
+            layout=layout,
+            num_devices=n,
+            scaling="weak",
+            cluster="c",
+            status="succeeded",
+            tokens_per_sec=9000.0 * n,
+        )
+        for i, n in enumerate((8, 16))
+    ]
+    report = project_report(build_report(points), SPEC, NET, [8, 64, 512, 2048], stack=parse_stack(stack))
+    (series,) = report.series
+    return report, series, {p.num_devices: p for p in series.points}
+
+
+def test_the_projection_charges_the_described_stack_and_says_so() -> None:
+    runner_report, runner_series, runner = _projection("scalebench", "ddp")
+    assert runner_report.assumptions[0].startswith("stack: the scalebench runner's (FSDP2")
+    assert not any("projected with the scalebench runner's collectives" in n for n in runner_series.notes)
+    report, series, megatron = _projection("command:megatron", "ddp", MEGATRON)
+    assert report.assumptions[0].startswith(
+        "stack: as described, distributed_optimizer=true, grad_reduce_bytes=2 "
+        "(distributed_optimizer applies to ddp layouts only); fields not given: the scalebench runner's"
+    )
+    assert not any("describe its stack" in n for n in series.notes)
+    # bf16 gradients through a distributed optimizer move 4 bytes a parameter where the runner's fp32
+    # all-reduce moves 8 (norms move 6: a little over half in all)
+    assert 0.5 < megatron[2048].communication_ms / runner[2048].communication_ms < 0.55
+    assert megatron[2048].efficiency > runner[2048].efficiency
+    # Megatron's buckets grow with DP (2,048M parameters at DP 2,048, nine blocks): the last one is exposed
+    _, _, bucketed = _projection("command:megatron", "ddp", MEGATRON + ",dp_buckets=megatron")
+    assert bucketed[2048].exposed_communication_ms > 2 * megatron[2048].exposed_communication_ms
+    assert bucketed[2048].efficiency < megatron[2048].efficiency - 0.005
+    # reductions after the last micro-batch and gathers after the optimizer step: every collective exposed
+    _, _, exposed = _projection("command:megatron", "ddp", MEGATRON + ",dp_overlap=none")
+    assert exposed[2048].exposed_communication_ms == pytest.approx(exposed[2048].communication_ms)
+    assert exposed[2048].efficiency < megatron[2048].efficiency - 0.003
+
+
+def test_a_series_of_another_stack_without_a_description_says_what_it_was_charged() -> None:
+    _, series, _ = _projection("command:megatron", "fsdp")
+    assert any(
+        n.startswith("measured on command:megatron, projected with the scalebench runner's collectives")
+        for n in series.notes
+    )
+    _, titan, _ = _projection("torchtitan", "fsdp")  # FSDP2 as the runner applies it
+    assert not any("describe its stack" in n for n in titan.notes)
+
+
+def test_every_field_is_described_for_the_request() -> None:
+    for name, (_, what) in STACK_FIELDS.items():
+        assert what and name in describe_stack({name: 1})
