@@ -26,7 +26,8 @@ import typer
 from cli.client import ApiClient, CliError
 from cli.report import fetch_report, print_report
 from cli.runs import ServerOpt, TokenOpt, cli_errors, console
-from core.engines.logs import LOG_FORMATS
+from core.contracts.stacks import STACK_FORM, parse_stack
+from core.engines.logs import DEFAULT_LOG_ENGINES, LOG_FORMATS
 
 MAX_LOG_BYTES = 32 << 20  # the server's limit per log (api.schemas.imports.MAX_LOG_CHARS)
 IMPORT_TIMEOUT_S = 300.0  # parsing and storing a few large logs takes seconds on a small server
@@ -83,6 +84,22 @@ def logs_body(
     return body | {"logs": logs}
 
 
+def command_stacks(fmt: str, engines: list[str | None], stack: str) -> dict[str, str]:
+    """--stack as the experiment's `stacks`: the description, for each command engine of the logs."""
+    try:
+        parse_stack(stack)
+    except ValueError as exc:
+        raise CliError(f"--stack: {exc}") from None
+    named = list(dict.fromkeys(e or DEFAULT_LOG_ENGINES[fmt] for e in engines))
+    commands = [e for e in named if e.startswith("command:")]
+    if not commands:
+        raise CliError(
+            f"--stack describes a command engine's stack; these logs' engines ({', '.join(named)}) run the "
+            "scalebench runner's (give --engine command:<name>)"
+        )
+    return dict.fromkeys(commands, stack)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("import")
     @cli_errors
@@ -116,6 +133,15 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="Logged steps left out of the throughput (default 1).")
         ] = None,
         compile: Annotated[bool, typer.Option("--compile", help="The runs used torch.compile.")] = False,
+        stack: Annotated[
+            str | None,
+            typer.Option(
+                help="How the logs' command engine (command:megatron by default for megatron logs) moves and "
+                "schedules its data-parallel traffic, for the projection: "
+                + STACK_FORM
+                + ". Without it the projection charges the scalebench runner's stack.",
+            ),
+        ] = None,
         tag: Annotated[list[str] | None, typer.Option(help="Tags (repeatable).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the created experiment as JSON.")] = False,
         server: ServerOpt = None,
@@ -149,6 +175,8 @@ def register(app: typer.Typer) -> None:
             "repeat": repeat,
         }
         body = logs_body(logs, read_logs(logs), format, head, options)
+        if stack is not None:
+            body["stacks"] = command_stacks(format, per_log("engine", engine, len(logs)), stack)
         with ApiClient(server, token, timeout_s=IMPORT_TIMEOUT_S) as client:
             created = client.post("/experiments/import/logs", json=body)
             if as_json:

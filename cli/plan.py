@@ -12,8 +12,8 @@ from rich.table import Table
 
 from cli.client import ApiClient, CliError
 from cli.runs import ServerOpt, TokenOpt, cli_errors, console
+from core.contracts.stacks import STACK_FORM, parse_stack
 from core.projection.plan import DEFAULT_MIN_EFFICIENCY, parse_token_count
-from core.projection.stack import STACK_FORM, parse_stack
 
 
 def fetch_plan(

@@ -30,7 +30,6 @@ from api.guard import GuardedRoute
 from api.problems import WRITE_RESPONSES, FieldError, ProblemError, validation_errors
 from api.schemas.experiments import experiment_read, run_briefs
 from api.schemas.imports import (
-    DEFAULT_LOG_ENGINES,
     MAX_CURVE_POINTS,
     MAX_STEP,
     MAX_TOTAL_CURVE_POINTS,
@@ -57,7 +56,7 @@ from core.contracts.specs import (
     bad_values,
     resolve_layout,
 )
-from core.engines.logs import read_log
+from core.engines.logs import DEFAULT_LOG_ENGINES, read_log
 from db.imports import (
     ImportedSteps,
     curve_chunks,
@@ -140,6 +139,7 @@ def _spec(body: ImportHead, pts: list[ImportPoint], engines: list[str] | None = 
             compile=body.compile,
             activation_checkpointing=body.activation_checkpointing,
             fp8_all_gather=body.fp8_all_gather,
+            stacks=body.stacks if engines is None else {},  # keyed by the points' engines
             tags=list(dict.fromkeys([*body.tags, "imported"])),
         )
     except ValidationError as exc:

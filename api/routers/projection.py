@@ -29,10 +29,10 @@ from api.schemas.projection import (
 )
 from core.analysis.scaling import build_report
 from core.contracts.clusters import Cluster
+from core.contracts.stacks import STACK_FIELDS, STACK_FORM
 from core.projection.model import NetworkUsed, project_report
 from core.projection.network import default_network
 from core.projection.plan import DEFAULT_MIN_EFFICIENCY, build_plan, default_plan_layouts, plan_counts
-from core.projection.stack import STACK_FIELDS, STACK_FORM
 from db.models import Experiment
 
 router = APIRouter(tags=["analysis"])

@@ -185,6 +185,16 @@ class ImportHead(BaseModel):
     compile: bool = False
     activation_checkpointing: Literal["none", "full"] = "none"
     fp8_all_gather: bool = False
+    stacks: dict[Annotated[str, Field(max_length=80)], Annotated[str, Field(max_length=400)]] = Field(
+        {},
+        max_length=8,
+        description=(
+            "How the stack of each command engine the points name moves and schedules its data-parallel traffic, "
+            "for the projection: {engine: 'field=value,...'}, e.g. {'command:megatron': "
+            "'distributed_optimizer=true,grad_reduce_bytes=2,dp_buckets=megatron'} (an experiment's `stacks`). "
+            "An engine without an entry is projected with the scalebench runner's stack."
+        ),
+    )
     tags: list[Tag] = Field([], max_length=31)
 
 
@@ -233,9 +243,6 @@ class ImportLog(BaseModel):
     @classmethod
     def _layout(cls, v: str) -> str:
         return check_layout(v)
-
-
-DEFAULT_LOG_ENGINES = {"megatron": "command:megatron", "torchtitan": "torchtitan", "jsonl": "scalebench"}
 
 
 class LogsImport(ImportHead):

@@ -7,9 +7,9 @@ import io
 
 from api.problems import FieldError, ProblemError
 from core.contracts.specs import LAYOUT_FORMS, check_layout
+from core.contracts.stacks import STACK_FORM, StackValue, parse_stack
 from core.projection.model import NetworkUsed, ProjectedPoint, ProjectionReport
 from core.projection.plan import Plan, parse_token_count
-from core.projection.stack import STACK_FORM, StackValue, parse_stack
 
 MAX_GPU_COUNTS = 32
 MAX_NUM_DEVICES = 1 << 20

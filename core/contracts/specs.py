@@ -29,6 +29,7 @@ from core.catalog.shapes import MODEL_NAMES, ModelShape, get_shape
 from core.contracts.base import Strict
 from core.contracts.data_paths import PATH_CHARS
 from core.contracts.data_paths import check_form as check_data_path_form
+from core.contracts.stacks import RUNNER_ENGINES, STACK_FORM, format_stack, parse_stack
 
 SCHEMA_VERSION = 1
 # The fields a request gave, while an ExperimentSpec validates (ExperimentSpec._note_given_fields).
@@ -373,6 +374,17 @@ class ExperimentSpec(Strict):
             "compare within one engine; the engine ratio compares engines at the same N, precision and layout."
         ),
     )
+    stacks: dict[Annotated[str, Field(max_length=80)], Annotated[str, Field(max_length=400)]] = Field(
+        {},
+        max_length=8,
+        description=(
+            "How the stack of each command engine moves and schedules its data-parallel traffic, for the "
+            "projection and the plan (GET /experiments/{id}/projection): {engine: 'field=value,...'}, e.g. "
+            "{'command:megatron': 'distributed_optimizer=true,grad_reduce_bytes=2,dp_buckets=megatron'}; "
+            f"{STACK_FORM}. Fields not given keep the scalebench runner's, which the scalebench and torchtitan "
+            "engines run; an engine without an entry is projected with the runner's stack."
+        ),
+    )
     scaling: ScalingMode = Field("weak", description="weak: fixed local batch; strong: fixed global batch.")
     seq_len: StrictInt = Field(2048, ge=16, le=131072, description="Tokens per sequence.")
     local_batch_size: StrictInt | None = Field(
@@ -451,6 +463,24 @@ class ExperimentSpec(Strict):
     @classmethod
     def _engines(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(check_engine(e) for e in v))
+
+    @field_validator("stacks")
+    @classmethod
+    def _stacks(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        engines = info.data.get("engines")
+        if engines is None:
+            return v  # engines failed their own validation
+        out = {}
+        for engine, raw in v.items():
+            if engine in RUNNER_ENGINES:
+                raise ValueError(f"{engine!r} runs the scalebench runner's stack: describe command engines only")
+            if engine not in engines:
+                raise ValueError(f"{engine!r} is not one of the experiment's engines ({', '.join(engines)})")
+            try:
+                out[engine] = format_stack(parse_stack(raw))
+            except ValueError as exc:
+                raise ValueError(f"{engine}: {exc}") from None
+        return out
 
     @field_validator("precisions")
     @classmethod

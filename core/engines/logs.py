@@ -163,6 +163,8 @@ def parse_metrics(source: str, lines: list[str], *, tokens_per_step: int, num_de
 # ------------------------------------------------------------------------------------- whole logs (imports)
 
 LOG_FORMATS = ("megatron", "torchtitan", "jsonl")  # `scalebench import --format`, POST /experiments/import/logs
+# the engine label of a log's run where the request names none
+DEFAULT_LOG_ENGINES = {"megatron": "command:megatron", "torchtitan": "torchtitan", "jsonl": "scalebench"}
 _FIRST_STEP = {"megatron": 1, "torchtitan": 1, "jsonl": 0}  # how each numbers its first step
 
 

@@ -25,6 +25,7 @@ from core.analysis.scaling import ScalingReport, Series, SeriesKey
 from core.catalog.shapes import COMPILED_OUTPUT_SCALE
 from core.contracts.base import Frozen
 from core.contracts.specs import FP8_PRECISIONS, check_layout, model_parallel_size, rank_degrees
+from core.contracts.stacks import StackValue
 from core.projection.constants import (
     COLLECTIVE_UNITS,
     CP_ATTENTION_COST,
@@ -39,7 +40,7 @@ from core.projection.constants import (
     VALIDATION_MEAN_MISS_PP,
 )
 from core.projection.network import Network
-from core.projection.stack import StackValue, describe_stack, stack_note
+from core.projection.stack import describe_stacks, series_stack, stack_note
 from core.projection.step_model import StepParts, Workload, solve_compute, step_time
 
 BREAKDOWN_KEYS = (
@@ -581,12 +582,15 @@ def project_report(
 ) -> ProjectionReport:
     """Every series of a scaling report projected; breakdowns keyed by (precision, layout, N). `layouts` adds, for
     every measured series, its projection onto each of those layout templates (pp / cp ones included) that the
-    experiment did not measure. `stack` describes the measured stack's data-parallel traffic and schedule
-    (core.projection.stack; empty: the scalebench runner's)."""
+    experiment did not measure. `stack` describes the measured stack's data-parallel traffic and schedule for every
+    series; without it a series is charged its engine's entry of the spec's `stacks`, else the scalebench runner's
+    (core.projection.stack)."""
     extra = list(dict.fromkeys(check_layout(t) for t in layouts))
     measured_keys = {s.key for s in report.series}
     out, xs = [], {}
+    stacks = spec.get("stacks") or {}
     for s in report.series:
+        charged = series_stack(s.key.engine, stack, stacks)
         n0 = min((p.num_devices for p in s.points if p.tokens_per_sec), default=None)
         bd = (breakdowns or {}).get((s.key.precision, s.key.layout, n0)) if n0 else None
         ps, x = project_series(
@@ -598,7 +602,7 @@ def project_report(
             breakdown=bd,
             calibrate=calibrate,
             max_devices=net.max_devices,
-            stack=stack,
+            stack=charged,
         )
         out.append(ps)
         xs[s.key] = x
@@ -616,7 +620,7 @@ def project_report(
                 calibrate=calibrate,
                 max_devices=net.max_devices,
                 layout=layout,
-                stack=stack,
+                stack=charged,
             )
             out.append(ps)
             xs[key] = x
@@ -624,7 +628,7 @@ def project_report(
     return ProjectionReport(
         network=net,
         gpu_counts=sorted(set(gpu_counts)),
-        assumptions=[describe_stack(stack or {}), *ASSUMPTIONS],
+        assumptions=[*describe_stacks(stack, stacks), *ASSUMPTIONS],
         series=out,
     )
 

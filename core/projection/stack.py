@@ -1,12 +1,8 @@
-"""A training stack's data-parallel traffic and schedule, as the projection takes it from a request (`stack` of
-GET /experiments/{id}/projection and /plan, `scalebench plan --stack`).
+"""Which stack's data-parallel traffic the projection charges a series, and the words it says so in.
 
-The projection charges a measured series the collectives of the stack that ran it. Without a description that is
-the scalebench runner's (FSDP2 as TorchTitan applies it: fp32 gradient reduction, one collective per block, blocks
-gathered again for the backward without pp and kept gathered with it, reductions after the last micro-batch under
-pp, one micro-batch of one sequence). A series measured on another stack (an imported one, a `command:<name>`
-engine) is projected as that stack runs only when its description says so: these are the fields the published
-results in bench/published state for theirs, with the same meaning (core.projection.step_model.Workload).
+A series is charged, in order: the request's `stack` (every series), the experiment's `stacks` entry for the
+series' engine, or the scalebench runner's stack (FSDP2 as TorchTitan applies it). The fields are
+core.contracts.stacks'; a series of another engine charged the runner's stack says so in its notes.
 
 Pure: no I/O.
 """
@@ -15,97 +11,57 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from core.projection.step_model import DP_OVERLAP
+from core.contracts.stacks import RUNNER_ENGINES, StackValue, check_stack, format_stack, parse_stack
 
-# field -> (allowed values as the request spells them, what it sets)
-STACK_FIELDS: dict[str, tuple[tuple[str, ...] | None, str]] = {
-    "dp_overlap": (
-        tuple(DP_OVERLAP),
-        "when the data-parallel collectives run: " + "; ".join(f"{k}: {v}" for k, v in DP_OVERLAP.items()),
-    ),
-    "reshard_after_forward": (
-        ("true", "false"),
-        "FSDP gathers each block again for its backward (true: FSDP2 without pp) or keeps it gathered from "
-        "forward to backward (false: ZeRO-1/2, a distributed optimizer, the runner's pipeline stages)",
-    ),
-    "distributed_optimizer": (
-        ("true", "false"),
-        "on a ddp layout, Megatron's distributed optimizer: a reduce-scatter of the gradients and an all-gather "
-        "of the parameters a step instead of an all-reduce of the gradients",
-    ),
-    "grad_reduce_bytes": (("2", "4"), "bytes per gradient element reduced: 4 (fp32) or 2 (bf16)"),
-    "dp_buckets": (
-        ("per-block", "megatron"),
-        "data-parallel collectives: one per transformer block (FSDP2), or Megatron-Core's buckets of max(40M, "
-        "1M x DP x CP) parameters",
-    ),
-    "micro_batch_size": (
-        None,
-        "sequences per micro-batch: a pipeline's, or without pp a gradient accumulation's (1 to 4096)",
-    ),
-    "virtual_stages": (None, "model chunks per pipeline stage, interleaved 1F1B (1 to 64)"),
-}
-MAX_COUNT = {"micro_batch_size": 4096, "virtual_stages": 64}
-STACK_FORM = "comma-separated field=value pairs, e.g. dp_overlap=none,grad_reduce_bytes=2; fields: " + "; ".join(
-    f"{k} ({'|'.join(v) if v else '1..' + str(MAX_COUNT[k])})" for k, (v, _) in STACK_FIELDS.items()
-)
 RUNNER_STACK = (
     "the scalebench runner's (FSDP2 as TorchTitan applies it): fp32 gradient reduction, one collective per block, "
     "blocks gathered again for the backward without pp and kept gathered with it, reductions after the last "
     "micro-batch under pp, micro-batches of one sequence, one virtual stage"
 )
-# engines whose collectives are the runner's (TorchTitan applies FSDP2 with the same rules)
-RUNNER_LIKE_ENGINES = ("scalebench", "torchtitan")
-
-StackValue = str | bool | int
 
 
-def parse_stack(raw: str | None) -> dict[str, StackValue]:
-    """'dp_overlap=none,grad_reduce_bytes=2' -> {'dp_overlap': 'none', 'grad_reduce_bytes': 2}; None or '' -> {}.
-    A ValueError names the field and its allowed values (or the form, for a pair without '=' or a repeated field)."""
-    out: dict[str, StackValue] = {}
-    for part in (p.strip() for p in (raw or "").split(",")):
-        if not part:
-            continue
-        name, eq, value = (s.strip() for s in part.partition("="))
-        if not eq or not value:
-            raise ValueError(f"{part!r} is not a field=value pair; {STACK_FORM}")
-        if name not in STACK_FIELDS:
-            raise ValueError(f"{name!r} is not a stack field; fields: {', '.join(STACK_FIELDS)}")
-        if name in out:
-            raise ValueError(f"{name} given twice")
-        out[name] = _value(name, value.lower())
-    return out
+def series_stack(
+    engine: str, asked: Mapping[str, StackValue] | None, stacks: Mapping[str, object] | None
+) -> dict[str, StackValue]:
+    """The stack a series of `engine` is charged: the request's, else the experiment's for that engine, else {}
+    (the runner's). `stacks` is a stored spec's (engine -> 'field=value,...' or a mapping), checked again."""
+    if asked:
+        return dict(asked)
+    given = (stacks or {}).get(engine)
+    if isinstance(given, str):
+        return parse_stack(given)
+    return check_stack(given) if isinstance(given, Mapping) else {}
 
 
-def _value(name: str, value: str) -> StackValue:
-    allowed, _ = STACK_FIELDS[name]
-    if allowed is None:
-        top = MAX_COUNT[name]
-        if not value.isdigit() or not 1 <= int(value) <= top:
-            raise ValueError(f"{name}: {value!r} is not a whole number from 1 to {top}")
-        return int(value)
-    if value not in allowed:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
-    if allowed == ("true", "false"):
-        return value == "true"
-    return int(value) if name == "grad_reduce_bytes" else value
+def describe_stacks(asked: Mapping[str, StackValue] | None, stacks: Mapping[str, object] | None) -> list[str]:
+    """The assumption lines a projection lists for the stacks it charged."""
+    if asked:
+        return [
+            f"stack of every series: as the request describes it, {_fields(asked)}; fields not given: {RUNNER_STACK}"
+        ]
+    lines = [
+        f"stack of {engine} series: as the experiment's stacks describe it, "
+        f"{_fields(series_stack(engine, None, stacks))}; fields not given: {RUNNER_STACK}"
+        for engine in (stacks or {})
+    ]
+    other = "of the other series" if lines else "of every series"
+    return [
+        *lines,
+        f"stack {other}: {RUNNER_STACK}; a series of another engine is projected so unless the request's `stack` "
+        "or the experiment's `stacks` describes its stack",
+    ]
 
 
-def describe_stack(stack: Mapping[str, StackValue]) -> str:
-    """The assumption line a projection lists for the stack it charged."""
-    if not stack:
-        return f"stack: {RUNNER_STACK}; a series of another stack is projected so unless `stack` describes it"
-    given = ", ".join(f"{k}={str(v).lower()}" for k, v in stack.items())
+def _fields(stack: Mapping[str, StackValue]) -> str:
     note = " (distributed_optimizer applies to ddp layouts only)" if stack.get("distributed_optimizer") is True else ""
-    return f"stack: as described, {given}{note}; fields not given: {RUNNER_STACK}"
+    return format_stack(stack).replace(",", ", ") + note
 
 
 def stack_note(engine: str, stack: Mapping[str, StackValue]) -> str | None:
     """A series' note where its engine's collectives may not be the ones charged: another stack, none described."""
-    if stack or engine in RUNNER_LIKE_ENGINES:
+    if stack or engine in RUNNER_ENGINES:
         return None
     return (
         f"measured on {engine}, projected with the scalebench runner's collectives: describe its stack (the "
-        "`stack` parameter: dp_overlap, grad_reduce_bytes, ...) to project it as it runs"
+        "request's `stack`, or the experiment's `stacks`) to project it as it runs"
     )

@@ -44,18 +44,10 @@ from functools import lru_cache
 
 from core.catalog.shapes import ModelShape, get_shape
 from core.contracts.specs import ParallelDegrees, resolve_layout
+from core.contracts.stacks import DP_OVERLAP
 from core.projection.constants import CP_ATTENTION_COST
 from core.projection.network import Cost, Group, Network, all_gather, all_reduce, point_to_point, reduce_scatter
 
-# When a step's data-parallel collectives run, over the micro-batches of a pipeline stage (Workload.dp_overlap):
-DP_OVERLAP = {
-    "overlapped": "gathers beside the first micro-batch's forward, reductions beside the last one's backward "
-    "(FSDP2 without pp; Megatron-Core's overlap_param_gather and overlap_grad_reduce)",
-    "reduce-after": "gathers so, reductions after the last backward, exposed (torch.distributed.pipelining's "
-    "REDUCE_GRAD action: the runner's and TorchTitan's pp)",
-    "none": "every data-parallel collective exposed (DeepSpeed's pipeline engine: gradients reduced after the last "
-    "backward, ZeRO-1's parameters gathered after the optimizer step)",
-}
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (the runner's and torchtitan's default MixedPrecisionPolicy)
 FWD_SHARE = 1 / 3  # forward / (forward + backward) FLOPs of a matmul layer (backward computes 2 matmuls per 1)
 

@@ -319,7 +319,9 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     rows = {r["num_devices"]: r for r in json.loads(piped.stdout)["rows"]}
     assert {o["layout"] for o in rows[1024]["options"]} == {"fsdp", "pp=2+fsdp"}
     assert stacked.exit_code == 0, stacked.output
-    assert json.loads(stacked.stdout)["assumptions"][0].startswith("stack: as described, grad_reduce_bytes=2;")
+    assert json.loads(stacked.stdout)["assumptions"][0].startswith(
+        "stack of every series: as the request describes it, grad_reduce_bytes=2;"
+    )
     assert bad_stack.exit_code == 1 and "--stack: grad_reduce_bytes: '3' is not one of 2, 4" in bad_stack.output
 
 
@@ -371,27 +373,25 @@ def test_a_described_stack_is_projected_as_the_validation_scores_it(api) -> None
         "device_speed_cv": DEVICE_SPEED_CV,
     }
     expected = pv.project(pub, shipped)[64]
-    r = api.post(
-        "/experiments/import",
-        json={
-            "name": "primus mi325x",
-            "model": "8b",
-            "cluster": "mi325x-roce",
-            "scaling": "weak",
-            "seq_len": 8192,
-            "local_batch_size": 16,
-            "points": [
-                {
-                    "num_devices": n,
-                    "precision": "fp8-tensorwise",
-                    "layout": "ddp",
-                    "engine": "command:primus",
-                    "tokens_per_sec_per_device": x,
-                }
-                for n, x in pub.points.items()
-            ],
-        },
-    )
+    head = {
+        "name": "primus mi325x",
+        "model": "8b",
+        "cluster": "mi325x-roce",
+        "scaling": "weak",
+        "seq_len": 8192,
+        "local_batch_size": 16,
+        "points": [
+            {
+                "num_devices": n,
+                "precision": "fp8-tensorwise",
+                "layout": "ddp",
+                "engine": "command:primus",
+                "tokens_per_sec_per_device": x,
+            }
+            for n, x in pub.points.items()
+        ],
+    }
+    r = api.post("/experiments/import", json=head)
     assert r.status_code == 201, r.text
     url = f"/experiments/{r.json()['id']}/projection?gpu_counts=64"
     (runner,) = _ok(api.get(url))["series"]
@@ -401,8 +401,29 @@ def test_a_described_stack_is_projected_as_the_validation_scores_it(api) -> None
     assert pub.workload.micro_batch_size == 2 and pub.workload.grad_reduce_bytes == 4
     body = _ok(api.get(f"{url}&stack={stack}"))
     (described,) = body["series"]
-    assert body["assumptions"][0].startswith(f"stack: as described, {stack.replace(',', ', ')} (distributed")
+    assert body["assumptions"][0].startswith(
+        f"stack of every series: as the request describes it, {stack.replace(',', ', ')} (distributed"
+    )
     assert not any("describe its stack" in n for n in described["notes"])
     e64 = {p["num_devices"]: p["efficiency"] for p in described["points"]}[64]
     assert e64 == pytest.approx(expected, abs=1e-9)
     assert {p["num_devices"]: p["efficiency"] for p in runner["points"]}[64] != pytest.approx(expected, abs=1e-4)
+
+    # described once, with the import: every projection of the experiment charges it
+    stored = api.post(
+        "/experiments/import", json=head | {"stacks": {"command:primus": stack.replace("true", " TRUE ")}}
+    )
+    assert stored.status_code == 201, stored.text
+    assert api.get(f"/experiments/{stored.json()['id']}").json()["spec"]["stacks"] == {"command:primus": stack}
+    body = _ok(api.get(f"/experiments/{stored.json()['id']}/projection?gpu_counts=64"))
+    assert body["assumptions"][0].startswith("stack of command:primus series: as the experiment's stacks describe")
+    assert {p["num_devices"]: p["efficiency"] for p in body["series"][0]["points"]}[64] == pytest.approx(e64, abs=1e-12)
+    for stacks, says in (
+        ({"scalebench": stack}, "'scalebench' runs the scalebench runner's stack: describe command engines only"),
+        ({"command:other": stack}, "'command:other' is not one of the experiment's engines (command:primus)"),
+        ({"command:primus": "dp_overlap=late"}, "command:primus: dp_overlap: 'late' is not one of overlapped"),
+    ):
+        bad = api.post("/experiments/import", json=head | {"stacks": stacks})
+        assert bad.status_code == 422, bad.text
+        (error,) = bad.json()["errors"]
+        assert error["field"].endswith("stacks") and says in error["message"], error

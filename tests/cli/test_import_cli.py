@@ -41,6 +41,7 @@ def test_import_megatron_logs_prints_the_report_with_a_verdict(server, api_token
     args = ["import", *logs, "--format", "megatron", *HEAD, "--name", "primus on mi300x"]
     args += ["--precision", "bf16", "--precision", "fp8-tensorwise"] * 2
     args += ["--seed", "0", "--seed", "0", "--seed", "1", "--seed", "1"]
+    args += ["--stack", "distributed_optimizer=true, grad_reduce_bytes=2"]
     result = CliRunner().invoke(cli, [*args, "--server", server, "--token", api_token])
     assert result.exit_code == 0, result.output
     assert "4 runs imported on mi300x-node" in result.output
@@ -53,6 +54,8 @@ def test_import_megatron_logs_prints_the_report_with_a_verdict(server, api_token
         ("fp8-tensorwise", 0, "command:megatron"),
         ("fp8-tensorwise", 1, "command:megatron"),
     ]
+    stacks = httpx.get(f"{server}/experiments/{exp_id}").json()["spec"]["stacks"]
+    assert stacks == {"command:megatron": "distributed_optimizer=true,grad_reduce_bytes=2"}
 
 
 def test_import_torchtitan_log_json_and_errors(server, api_token, tmp_path) -> None:
@@ -93,5 +96,12 @@ def test_import_torchtitan_log_json_and_errors(server, api_token, tmp_path) -> N
         cli, ["import", str(tmp_path / "nope.log"), "--format", "jsonl", *HEAD, "--precision", "bf16", *auth]
     )
     assert missing.exit_code == 1 and "does not exist" in missing.output
+    titan = ["import", log, "--format", "torchtitan", *HEAD, "--precision", "bf16", *auth]
+    runner_stack = CliRunner().invoke(cli, [*titan, "--stack", "grad_reduce_bytes=2"])
+    assert runner_stack.exit_code == 1 and "these logs' engines (torchtitan) run the scalebench runner's" in (
+        runner_stack.output
+    )
+    bad_stack = CliRunner().invoke(cli, [*titan, "--engine", "command:titan", "--stack", "grad_reduce_bytes=3"])
+    assert bad_stack.exit_code == 1 and "--stack: grad_reduce_bytes: '3' is not one of 2, 4" in bad_stack.output
     fmt = CliRunner().invoke(cli, ["import", log, "--format", "nemo", *HEAD, "--precision", "bf16", *auth])
     assert fmt.exit_code == 1 and "megatron, torchtitan, jsonl" in fmt.output

@@ -4,9 +4,10 @@ values, and charged by the projection as the published results' own descriptions
 import pytest
 
 from core.analysis.scaling import RunPoint, build_report
+from core.contracts.stacks import STACK_FIELDS, check_stack, format_stack, parse_stack
 from core.projection.model import NetworkUsed, project_report
 from core.projection.network import Network
-from core.projection.stack import STACK_FIELDS, describe_stack, parse_stack
+from core.projection.stack import describe_stacks
 
 H100 = Network(platform="h100-hgx", nic="ib-400g")
 NET = NetworkUsed(
@@ -54,7 +55,7 @@ def test_a_bad_stack_names_the_field_and_what_it_allows(raw: str, says: str) -> 
         parse_stack(raw)
 
 
-def _projection(engine: str, layout: str, stack: str | None = None):
+def _projection(engine: str, layout: str, stack: str | None = None, stacks: dict | None = None):
     points = [
         RunPoint(
             run_id=i,
@@ -71,18 +72,19 @@ def _projection(engine: str, layout: str, stack: str | None = None):
         )
         for i, n in enumerate((8, 16))
     ]
-    report = project_report(build_report(points), SPEC, NET, [8, 64, 512, 2048], stack=parse_stack(stack))
+    spec = SPEC | {"stacks": stacks or {}}
+    report = project_report(build_report(points), spec, NET, [8, 64, 512, 2048], stack=parse_stack(stack))
     (series,) = report.series
     return report, series, {p.num_devices: p for p in series.points}
 
 
 def test_the_projection_charges_the_described_stack_and_says_so() -> None:
     runner_report, runner_series, runner = _projection("scalebench", "ddp")
-    assert runner_report.assumptions[0].startswith("stack: the scalebench runner's (FSDP2")
+    assert runner_report.assumptions[0].startswith("stack of every series: the scalebench runner's (FSDP2")
     assert not any("projected with the scalebench runner's collectives" in n for n in runner_series.notes)
     report, series, megatron = _projection("command:megatron", "ddp", MEGATRON)
     assert report.assumptions[0].startswith(
-        "stack: as described, distributed_optimizer=true, grad_reduce_bytes=2 "
+        "stack of every series: as the request describes it, distributed_optimizer=true, grad_reduce_bytes=2 "
         "(distributed_optimizer applies to ddp layouts only); fields not given: the scalebench runner's"
     )
     assert not any("describe its stack" in n for n in series.notes)
@@ -110,6 +112,33 @@ def test_a_series_of_another_stack_without_a_description_says_what_it_was_charge
     assert not any("describe its stack" in n for n in titan.notes)
 
 
+def test_an_experiments_stack_is_charged_to_its_engines_series_and_a_request_overrides_it() -> None:
+    stored = {"command:megatron": MEGATRON + ",dp_overlap=none"}
+    report, series, from_spec = _projection("command:megatron", "ddp", stacks=stored)
+    _, _, asked = _projection("command:megatron", "ddp", MEGATRON + ",dp_overlap=none")
+    assert from_spec[2048].efficiency == asked[2048].efficiency
+    assert report.assumptions[:2] == describe_stacks(None, stored)
+    assert report.assumptions[0].startswith(
+        "stack of command:megatron series: as the experiment's stacks describe it, distributed_optimizer=true, "
+        "grad_reduce_bytes=2, dp_overlap=none"
+    )
+    assert report.assumptions[1].startswith("stack of the other series: the scalebench runner's")
+    assert not any("describe its stack" in n for n in series.notes)
+    # the request's stack replaces the experiment's for every series
+    _, _, overridden = _projection("command:megatron", "ddp", MEGATRON, stacks=stored)
+    _, _, megatron = _projection("command:megatron", "ddp", MEGATRON)
+    assert overridden[2048].efficiency == megatron[2048].efficiency != from_spec[2048].efficiency
+
+
+def test_a_stack_reads_the_same_from_json_values_and_text() -> None:
+    typed = {"distributed_optimizer": True, "grad_reduce_bytes": 2, "micro_batch_size": 4, "dp_overlap": "none"}
+    assert check_stack(typed) == parse_stack(format_stack(typed)) == typed
+    assert format_stack(typed) == "distributed_optimizer=true,grad_reduce_bytes=2,micro_batch_size=4,dp_overlap=none"
+    with pytest.raises(ValueError, match="^micro_batch_size: '1.5' is not a whole number from 1 to 4096$"):
+        check_stack({"micro_batch_size": 1.5})
+
+
 def test_every_field_is_described_for_the_request() -> None:
-    for name, (_, what) in STACK_FIELDS.items():
-        assert what and name in describe_stack({name: 1})
+    for name, (allowed, what) in STACK_FIELDS.items():
+        value = allowed[0] if allowed else "1"
+        assert what and f"{name}={value}" in describe_stacks(parse_stack(f"{name}={value}"), None)[0]
