@@ -1,7 +1,7 @@
 // Projected scaling on the experiment page: GET /experiments/{id}/projection (the experiment's cluster network),
 // drawn dashed after the last measured point of each series on the throughput and efficiency charts (with the
 // shaded 80% prediction interval around it), with
-// the network and the model's error at measured points listed under the fits. A cluster that describes no
+// the network, the stacks charged and the model's error at measured points listed under the fits. A cluster that describes no
 // network (and whose device implies none) gives a note instead of lines.
 // Chart containers get data-projected (projected points drawn) for tests and users.
 "use strict";
@@ -80,10 +80,14 @@
     const n = body.network, net = n.network;
     const errors = body.series.flatMap((s) => s.points.filter((p) => p.error !== null && p.num_devices !== s.baseline_num_devices)
       .map((p) => `${esc(s.key.precision)} · ${esc(s.key.layout)} N=${p.num_devices}: E ${SB.fmt(100 * p.efficiency, 1)}% vs measured ${SB.fmt(100 * p.measured_efficiency, 1)}%`));
+    // the stacks charged (the assumptions' first lines) and the series charged the runner's stack for want of one
+    const stacks = (body.assumptions || []).filter((a) => a.startsWith("stack ")).map((a) => a.split("; ")[0]);
+    const undescribed = [...new Set(body.series.flatMap((s) => s.notes.filter((t) => t.startsWith("measured on "))))];
     el.innerHTML = `<div><b>Projection</b> (dashed) on <b>${esc(n.cluster)}</b>: ${esc(n.source)} · intra-node ${SB.fmt(net.intra_node_gb_per_s, 0)} GB/s,
       inter-node ${SB.fmt(n.inter_node_gb_per_s, 0)} GB/s per GPU, efficiency ${net.intra_node_efficiency}/${net.inter_node_efficiency},
       ${n.gpus_per_node} GPUs per node · <a href="/experiments/${state.id}/projection?format=csv">CSV</a>
-      ${errors.length ? ` · model vs measured: ${errors.join("; ")}` : ""}</div>`;
+      ${errors.length ? ` · model vs measured: ${errors.join("; ")}` : ""}</div>
+      <div id="projection-stacks">${stacks.map(esc).join(" · ")}${undescribed.length ? ` · <i>${undescribed.map(esc).join("; ")}</i>` : ""}</div>`;
   }
 
   // Called by the experiment page after each scaling render (redrawn charts lose the projected lines).

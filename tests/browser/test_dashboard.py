@@ -281,3 +281,40 @@ def test_fits_give_no_value_beyond_the_measured_range(test_settings, api_token, 
         ARTIFACTS.mkdir(exist_ok=True)
         page.locator("#fits").screenshot(path=str(ARTIFACTS / "dashboard-fits-beyond-range.png"))
     assert not errors, errors
+
+
+def test_the_projection_names_the_stack_it_charged(test_settings, api_token, browser_page, tmp_path) -> None:
+    """Two imports of one Megatron series on H200s: described by its experiment's `stacks`, the page names that
+    stack under the charts; without a description it names the runner's stack and says the series was charged it."""
+    page, errors = browser_page
+    clusters = tmp_path / "clusters.toml"
+    clusters.write_text(H200_CLUSTERS_TOML)
+    points = [
+        {
+            "num_devices": n,
+            "precision": "bf16",
+            "layout": "ddp",
+            "engine": "command:megatron",
+            "tokens_per_sec_per_device": x,
+        }
+        for n, x in {8: 5000.0, 16: 4950.0}.items()
+    ]
+    body = {"model": "8b", "cluster": "h200-ib", "seq_len": 8192, "local_batch_size": 2, "points": points}
+    auth = {"Authorization": f"Bearer {api_token}"}
+    with live_server(replace(test_settings, clusters_file=str(clusters))) as url:
+        described = {"command:megatron": "distributed_optimizer=true,grad_reduce_bytes=2"}
+        texts = {}
+        for name, stacks in (("described", described), ("undescribed", {})):
+            r = httpx.post(f"{url}/experiments/import", json={**body, "name": name, "stacks": stacks}, headers=auth)
+            assert r.status_code == 201, r.text
+            page.goto(f"{url}/?poll_ms={POLL_MS}#/experiments/{r.json()['id']}")
+            page.wait_for_selector("#chart-efficiency[data-projected-bands='1']", timeout=15_000)
+            texts[name] = page.inner_text("#projection-stacks")
+    assert texts["described"].startswith(
+        "stack of command:megatron series: as the experiment's stacks describe it, distributed_optimizer=true, "
+        "grad_reduce_bytes=2"
+    )
+    assert "measured on command:megatron" not in texts["described"]
+    assert texts["undescribed"].startswith("stack of every series: the scalebench runner's (FSDP2")
+    assert "measured on command:megatron, projected with the scalebench runner's collectives" in texts["undescribed"]
+    assert not errors, errors
