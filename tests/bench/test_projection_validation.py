@@ -256,3 +256,23 @@ def test_a_per_vendor_variant_fits_each_vendor_on_its_own_series():
     assert pv.constants_for(mi325x, variant, fitted["trainy"]) is fitted["trainy"]["amd"]
     report = pv.leave_one_source_out(series, variant, fitted)
     assert report["fitted_per_held_out_source"] is fitted and report["num_points"] == 5
+
+
+def test_every_published_stack_is_one_a_request_can_describe():
+    """The published files describe their stacks in the fields an experiment's `stacks` and a projection's `stack`
+    take (core.contracts.stacks), with the same meaning: what a file states a request can state, so a described
+    stack is projected as the validation scores it. micro_batch_size 0 (a schedule the source does not publish) is
+    the validation's own: a request that does not know its micro-batches leaves the field out."""
+    from core.contracts.stacks import STACK_FIELDS, check_stack
+
+    described = 0
+    for path in sorted(pv.PUBLISHED_DIR.glob("*.json")):
+        for s in json.loads(path.read_text())["series"]:
+            p = s["projection"]
+            stack = {k: p[k] for k in STACK_FIELDS if k in p and not (k == "micro_batch_size" and p[k] == 0)}
+            assert check_stack(stack) == stack, s["id"]
+            described += bool(stack)
+    assert described >= 20
+    by_id = {s.id: s for s in pv.load_published()}
+    nemo = by_id["dgxc-h100-70b-fp8"].workload
+    assert (nemo.dp_overlap, nemo.dp_buckets, nemo.grad_reduce_bytes) == ("overlapped", "megatron", 2)

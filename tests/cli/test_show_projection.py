@@ -74,6 +74,7 @@ def test_show_prints_the_projection_interval_beyond_the_measured_range(server, a
         " ".join(out.split())
     )
     assert "on cluster h100-ib's network (cluster 'h100-ib' [cluster.network])" in " ".join(out.split())
+    assert "; stack of every series: the scalebench runner's (FSDP2 as TorchTitan applies it)" in " ".join(out.split())
     assert "extrapolat" not in out and "predicted" not in out
 
 
