@@ -27,6 +27,7 @@ from pydantic import (
 
 from api.schemas.experiments import ExperimentRead, RunBrief
 from core.contracts.specs import (
+    EngineStacks,
     Line,
     ModelName,
     Precision,
@@ -185,9 +186,8 @@ class ImportHead(BaseModel):
     compile: bool = False
     activation_checkpointing: Literal["none", "full"] = "none"
     fp8_all_gather: bool = False
-    stacks: dict[Annotated[str, Field(max_length=80)], Annotated[str, Field(max_length=400)]] = Field(
+    stacks: EngineStacks = Field(
         {},
-        max_length=8,
         description=(
             "How the stack of each command engine the points name moves and schedules its data-parallel traffic, "
             "for the projection: {engine: 'field=value,...'}, e.g. {'command:megatron': "

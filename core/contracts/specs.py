@@ -304,6 +304,12 @@ def check_profile_steps(steps: int, warmup_steps: int, profile_steps: int) -> No
 # ------------------------------------------------------------------------------------------ experiment
 
 
+# an experiment's `stacks`: command engine -> its stack, 'field=value,...' (core.contracts.stacks)
+EngineStacks = Annotated[
+    dict[Annotated[str, Field(max_length=80)], Annotated[str, Field(max_length=400)]], Field(max_length=8)
+]
+
+
 class ExperimentSpec(Strict):
     """One experiment: a matrix of precisions x layouts x GPU counts x repeats on one cluster."""
 
@@ -374,9 +380,8 @@ class ExperimentSpec(Strict):
             "compare within one engine; the engine ratio compares engines at the same N, precision and layout."
         ),
     )
-    stacks: dict[Annotated[str, Field(max_length=80)], Annotated[str, Field(max_length=400)]] = Field(
+    stacks: EngineStacks = Field(
         {},
-        max_length=8,
         description=(
             "How the stack of each command engine moves and schedules its data-parallel traffic, for the "
             "projection and the plan (GET /experiments/{id}/projection): {engine: 'field=value,...'}, e.g. "

@@ -24,6 +24,7 @@ from core.projection.constants import (
 )
 from db.models import Run
 from tests.bench.test_projection_validation import pv
+from tests.clusters import networked_cluster_toml
 
 TORCHTITAN = {
     ("eager", 8): 5762,
@@ -58,23 +59,14 @@ platform = "mi325x-platform"
 nic = "pollara-400g"
 
 [[cluster]]
-name = "mi325x-roce"
-vendor = "amd"
-device_name = "AMD Instinct MI325X"
-gpus_per_node = 8
-max_nodes = 128
-
-[cluster.network]
-platform = "mi325x-platform"
-nic = "roce-400g"
-
-[[cluster]]
 name = "h100-no-network"
 vendor = "nvidia"
 device_name = "NVIDIA H100 80GB HBM3"
 gpus_per_node = 8
 max_nodes = 2
-"""
+""" + networked_cluster_toml(
+    "mi325x-roce", "AMD Instinct MI325X", 128, "mi325x-platform", nic="roce-400g", vendor="amd"
+)
 
 
 @pytest.fixture

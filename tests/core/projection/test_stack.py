@@ -5,19 +5,11 @@ import pytest
 
 from core.analysis.scaling import RunPoint, build_report
 from core.contracts.stacks import STACK_FIELDS, check_stack, format_stack, parse_stack
-from core.projection.model import NetworkUsed, project_report
-from core.projection.network import Network
+from core.projection.model import project_report
 from core.projection.stack import describe_stacks
+from tests.core.projection.test_projection_props import used
 
-H100 = Network(platform="h100-hgx", nic="ib-400g")
-NET = NetworkUsed(
-    cluster="t",
-    source="test",
-    gpus_per_node=8,
-    max_devices=None,
-    inter_node_gb_per_s=H100.inter_node_gb_per_s,
-    network=H100,
-)
+NET = used()
 SPEC = {"seq_len": 8192, "local_batch_size": 4}
 MEGATRON = "distributed_optimizer=true,grad_reduce_bytes=2"
 
