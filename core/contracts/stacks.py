@@ -94,7 +94,7 @@ def _value(name: str, value: str) -> StackValue:
     allowed, _ = STACK_FIELDS[name]
     if allowed is None:
         top = MAX_COUNT[name]
-        if not value.isdigit() or not 1 <= int(value) <= top:
+        if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= top:
             raise ValueError(f"{name}: {value!r} is not a whole number from 1 to {top}")
         return int(value)
     if value not in allowed:

@@ -36,6 +36,7 @@ def test_a_stack_parses_to_typed_values() -> None:
         ("distributed_optimizer=yes", "distributed_optimizer: 'yes' is not one of true, false"),
         ("micro_batch_size=0", "micro_batch_size: '0' is not a whole number from 1 to 4096"),
         ("virtual_stages=x", "virtual_stages: 'x' is not a whole number from 1 to 64"),
+        ("micro_batch_size=²", "micro_batch_size: '²' is not a whole number from 1 to 4096"),  # str.isdigit's
         ("zero_stage=3", "'zero_stage' is not a stack field; fields: dp_overlap, reshard_after_forward"),
         ("dp_overlap", "'dp_overlap' is not a field=value pair"),
         ("dp_overlap=", "'dp_overlap=' is not a field=value pair"),
