@@ -304,6 +304,7 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     assert "fastest within the cap: N=1024 fp8-tensorwise fsdp (projected)" in table.output
     assert "cheapest with E(N) >= 90%: N=8 fp8-tensorwise fsdp (measured)" in table.output
     assert "E(N) ±80%" in table.output and "GPU-h 80%" in table.output and "(80%: " in table.output
+    assert "note: stack of every series: the scalebench runner's (FSDP2" in table.output
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["tokens"] == 5e11
     assert bad.exit_code == 1 and "allowed" in bad.output
     assert missing.exit_code == 1 and "experiment 999999 does not exist" in missing.output
