@@ -61,6 +61,21 @@ def test_engines_expand_into_runs_with_engine_and_seed(client, pg_session_factor
     assert "argv" not in str(clusters["gpu"])  # the operator's command line is not shown
 
 
+def test_a_command_engines_stack_is_stored_and_a_runner_engines_is_refused(client) -> None:
+    engines = {"engines": ["scalebench", "command:megatron"]}
+    r = client.post("/experiments", json=BODY | engines | {"stacks": {"command:megatron": "dp_overlap=None"}})
+    assert r.status_code == 201, r.text
+    assert client.get(f"/experiments/{r.json()['id']}").json()["spec"]["stacks"] == {
+        "command:megatron": "dp_overlap=none"
+    }
+    for stacks, message in (
+        ({"scalebench": "dp_overlap=none"}, "'scalebench' runs the scalebench runner's stack"),
+        ({"command:megatron": "overlap=none"}, "command:megatron: 'overlap' is not a stack field; fields: dp_overlap"),
+    ):
+        bad = client.post("/experiments", json=BODY | engines | {"stacks": stacks})
+        assert bad.status_code == 422 and _fields(bad) == ["stacks"] and message in bad.text, bad.text
+
+
 @pytest.mark.parametrize(
     "engines, message",
     [
