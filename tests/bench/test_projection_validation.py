@@ -276,3 +276,71 @@ def test_every_published_stack_is_one_a_request_can_describe():
     by_id = {s.id: s for s in pv.load_published()}
     nemo = by_id["dgxc-h100-70b-fp8"].workload
     assert (nemo.dp_overlap, nemo.dp_buckets, nemo.grad_reduce_bytes) == ("overlapped", "megatron", 2)
+
+
+def test_an_imported_series_with_its_stack_described_projects_as_the_validation_scores_it():
+    """Every published series of a catalog model whose schedule is published, imported as a command engine's
+    series with its file's stack as the experiment's `stacks`: the product's projection (core.projection.model.
+    project_report, what /projection serves) gives the E(N) the validation scores, on the validation's network."""
+    from core.analysis.scaling import RunPoint, build_report
+    from core.contracts.stacks import STACK_FIELDS, format_stack
+    from core.projection import constants as shipped
+    from core.projection.model import NetworkUsed, project_report
+
+    constants = {
+        "collective_units": shipped.COLLECTIVE_UNITS,
+        "intra_node_efficiency": shipped.INTRA_NODE_EFFICIENCY,
+        "inter_node_efficiency": shipped.INTER_NODE_EFFICIENCY,
+        "device_speed_cv": shipped.DEVICE_SPEED_CV,
+    }
+    files = {
+        s["id"]: s["projection"]
+        for path in sorted(pv.PUBLISHED_DIR.glob("*.json"))
+        for s in json.loads(path.read_text())["series"]
+    }
+    checked = []
+    for pub in pv.load_published():
+        p, w = files[pub.id], pub.workload
+        if w.shape is not None or p.get("micro_batch_size") == 0:
+            continue  # a shape outside the catalog, or a schedule the source does not publish
+        stack = {k: p[k] for k in STACK_FIELDS if k in p}
+        spec = {
+            "seq_len": w.seq_len,
+            "local_batch_size": w.local_batch_size,
+            "global_batch_size": w.global_batch_size,
+            "fp8_all_gather": w.fp8_all_gather,
+            "activation_checkpointing": w.activation_checkpointing,
+            "stacks": {"command:theirs": format_stack(stack)} if stack else {},
+        }
+        runs = [
+            RunPoint(
+                run_id=n,
+                engine="command:theirs",
+                model=w.model,
+                num_layers=w.num_layers,
+                precision=w.precision,
+                layout=w.layout,
+                scaling=w.scaling,
+                cluster="c",
+                num_devices=n,
+                status="succeeded",
+                tokens_per_sec=x * n,
+            )
+            for n, x in pub.points.items()
+        ]
+        net = pv.network_for(pub, constants)
+        used = NetworkUsed(
+            cluster="c",
+            source="test",
+            gpus_per_node=pub.gpus_per_node,
+            max_devices=None,
+            inter_node_gb_per_s=net.inter_node_gb_per_s,
+            network=net,
+        )
+        (series,) = project_report(build_report(runs), spec, used, sorted(pub.points)).series
+        served = {q.num_devices: q.efficiency for q in series.points}
+        assert served == pytest.approx(pv.project(pub, constants), abs=1e-9), pub.id
+        checked.append(pub.id)
+    assert len(checked) >= 15 and any(
+        "pp" in files[i].get("layout", "") or "pipeline_stages" in files[i] for i in checked
+    )
