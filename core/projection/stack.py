@@ -24,13 +24,17 @@ def series_stack(
     engine: str, asked: Mapping[str, StackValue] | None, stacks: Mapping[str, object] | None
 ) -> dict[str, StackValue]:
     """The stack a series of `engine` is charged: the request's, else the experiment's for that engine, else {}
-    (the runner's). `stacks` is a stored spec's (engine -> 'field=value,...' or a mapping), checked again."""
+    (the runner's). `stacks` is a stored spec's (engine -> 'field=value,...' or a mapping), checked again: one this
+    version cannot read (stored by another) counts as none, and the series' note then says it was not charged."""
     if asked:
         return dict(asked)
     given = (stacks or {}).get(engine)
-    if isinstance(given, str):
-        return parse_stack(given)
-    return check_stack(given) if isinstance(given, Mapping) else {}
+    try:
+        if isinstance(given, str):
+            return parse_stack(given)
+        return check_stack(given) if isinstance(given, Mapping) else {}
+    except ValueError:
+        return {}
 
 
 def describe_stacks(asked: Mapping[str, StackValue] | None, stacks: Mapping[str, object] | None) -> list[str]:
@@ -39,10 +43,12 @@ def describe_stacks(asked: Mapping[str, StackValue] | None, stacks: Mapping[str,
         return [
             f"stack of every series: as the request describes it, {_fields(asked)}; fields not given: {RUNNER_STACK}"
         ]
+    read = {engine: series_stack(engine, None, stacks) for engine in (stacks or {})}
     lines = [
-        f"stack of {engine} series: as the experiment's stacks describe it, "
-        f"{_fields(series_stack(engine, None, stacks))}; fields not given: {RUNNER_STACK}"
-        for engine in (stacks or {})
+        f"stack of {engine} series: as the experiment's stacks describe it, {_fields(stack)}; fields not given: "
+        + RUNNER_STACK
+        for engine, stack in read.items()
+        if stack
     ]
     other = "of the other series" if lines else "of every series"
     return [

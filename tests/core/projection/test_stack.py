@@ -123,6 +123,16 @@ def test_an_experiments_stack_is_charged_to_its_engines_series_and_a_request_ove
     assert overridden[2048].efficiency == megatron[2048].efficiency != from_spec[2048].efficiency
 
 
+def test_a_stored_stack_this_version_cannot_read_is_charged_as_none_and_said() -> None:
+    report, series, unread = _projection("command:megatron", "ddp", stacks={"command:megatron": "dp_overlap=later"})
+    _, _, runner = _projection("command:megatron", "ddp")
+    assert unread[2048].efficiency == runner[2048].efficiency
+    assert report.assumptions[0].startswith("stack of every series: the scalebench runner's")
+    assert any(
+        n.startswith("measured on command:megatron, projected with the scalebench runner's") for n in series.notes
+    )
+
+
 def test_a_stack_reads_the_same_from_json_values_and_text() -> None:
     typed = {"distributed_optimizer": True, "grad_reduce_bytes": 2, "micro_batch_size": 4, "dp_overlap": "none"}
     assert check_stack(typed) == parse_stack(format_stack(typed)) == typed
