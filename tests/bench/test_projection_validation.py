@@ -344,3 +344,23 @@ def test_an_imported_series_with_its_stack_described_projects_as_the_validation_
     assert len(checked) >= 15 and any(
         "pp" in files[i].get("layout", "") or "pipeline_stages" in files[i] for i in checked
     )
+
+
+def test_a_series_charged_the_runners_stack_loses_every_field_its_file_describes():
+    by_id = {s.id: s for s in pv.load_published()}
+    nemo = pv.runner_stack(by_id["dgxc-h100-70b-fp8"]).workload
+    assert by_id["dgxc-h100-70b-fp8"].workload.virtual_stages > 1
+    assert (nemo.dp_overlap, nemo.reshard_after_forward, nemo.dp_buckets, nemo.grad_reduce_bytes) == (
+        None,
+        None,
+        "per-block",
+        4,
+    )
+    assert (nemo.virtual_stages, nemo.micro_batch_size, nemo.distributed_optimizer) == (1, None, False)
+    assert nemo.layout == by_id["dgxc-h100-70b-fp8"].workload.layout and nemo.fp8_all_gather
+    assert pv.runner_stack(by_id["meta-h100-405b-tp8-pp16-bf16-strong"]).workload.micro_batch_size == 0
+    titan = by_id["torchtitan-h100-8b-fsdp-float8"]
+    assert pv.runner_stack(titan).workload == titan.workload  # the runner's stack already
+    recorded = json.loads(RESULT.read_text())["runner_stack"]
+    assert recorded["described_series"] == sum(pv.runner_stack(s).workload != s.workload for s in by_id.values())
+    assert recorded["described_runner_stack_pp"] > recorded["described_own_stack_pp"]
