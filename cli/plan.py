@@ -164,9 +164,8 @@ def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
         console.print(f"{label}: {text}", highlight=False)
     for note in plan["notes"]:
         console.print(f"note: {note}", highlight=False)
-    for line in plan.get("assumptions", []):
-        if line.startswith("stack "):  # whose collectives the projection charged
-            console.print(f"note: {line.split('; ')[0]}", highlight=False)
+    for line in plan.get("stacks", []):  # whose collectives the projection charged
+        console.print(f"note: {line}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

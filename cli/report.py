@@ -139,8 +139,8 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
     net = projection["network"]
     size = net.get("max_devices")
     on = f"the projection on cluster {escape(net['cluster'])}'s network ({escape(net['source'])})"
-    # the stacks it charged (the assumptions' first lines), and the series charged the runner's for want of one
-    stacks = [a.split("; ")[0] for a in projection.get("assumptions", []) if a.startswith("stack ")]
+    # the stacks it charged, and the series charged the runner's for want of one
+    stacks = list(projection.get("stacks", []))
     stacks += sorted({n for s in projection["series"] for n in s.get("notes", []) if n.startswith("measured on ")})
     on += "".join(f"; {escape(line)}" for line in stacks)
     table = Table(

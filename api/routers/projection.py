@@ -226,5 +226,11 @@ def get_plan(
     plan = build_plan(
         report, projected, tokens=budget, max_gpus=max_gpus, min_efficiency=min_efficiency, gpu_hour_cost=gpu_hour_cost
     )
-    body = PlanRead(experiment_id=experiment_id, network=net, assumptions=projected.assumptions, **dict(plan))
+    body = PlanRead(
+        experiment_id=experiment_id,
+        network=net,
+        assumptions=projected.assumptions,
+        stacks=projected.stacks,
+        **dict(plan),
+    )
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)

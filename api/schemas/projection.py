@@ -24,6 +24,7 @@ class PlanRead(Plan):
     experiment_id: int
     network: NetworkUsed
     assumptions: list[str]
+    stacks: list[str]  # the projection's: one line per stack charged
 
 
 def bad_query(param: str, message: str, allowed: list | None = None) -> ProblemError:

@@ -80,8 +80,8 @@
     const n = body.network, net = n.network;
     const errors = body.series.flatMap((s) => s.points.filter((p) => p.error !== null && p.num_devices !== s.baseline_num_devices)
       .map((p) => `${esc(s.key.precision)} · ${esc(s.key.layout)} N=${p.num_devices}: E ${SB.fmt(100 * p.efficiency, 1)}% vs measured ${SB.fmt(100 * p.measured_efficiency, 1)}%`));
-    // the stacks charged (the assumptions' first lines) and the series charged the runner's stack for want of one
-    const stacks = (body.assumptions || []).filter((a) => a.startsWith("stack ")).map((a) => a.split("; ")[0]);
+    // the stacks charged and the series charged the runner's stack for want of one
+    const stacks = body.stacks || [];
     const undescribed = [...new Set(body.series.flatMap((s) => s.notes.filter((t) => t.startsWith("measured on "))))];
     el.innerHTML = `<div><b>Projection</b> (dashed) on <b>${esc(n.cluster)}</b>: ${esc(n.source)} · intra-node ${SB.fmt(net.intra_node_gb_per_s, 0)} GB/s,
       inter-node ${SB.fmt(n.inter_node_gb_per_s, 0)} GB/s per GPU, efficiency ${net.intra_node_efficiency}/${net.inter_node_efficiency},

@@ -40,7 +40,7 @@ from core.projection.constants import (
     VALIDATION_MEAN_MISS_PP,
 )
 from core.projection.network import Network
-from core.projection.stack import describe_stacks, series_stack, stack_note
+from core.projection.stack import describe_stacks, series_stack, stack_note, stack_summaries
 from core.projection.step_model import StepParts, Workload, solve_compute, step_time
 
 BREAKDOWN_KEYS = (
@@ -178,6 +178,8 @@ class ProjectionReport(Frozen):
     network: NetworkUsed
     gpu_counts: list[int]
     assumptions: list[str]
+    # one line per stack charged (which series, whose stack), the first assumptions without their details
+    stacks: list[str] = []
     series: list[ProjectedSeries]
 
 
@@ -629,6 +631,7 @@ def project_report(
         network=net,
         gpu_counts=sorted(set(gpu_counts)),
         assumptions=[*describe_stacks(stack, stacks), *ASSUMPTIONS],
+        stacks=stack_summaries(stack, stacks),
         series=out,
     )
 

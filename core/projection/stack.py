@@ -11,51 +11,58 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from core.contracts.stacks import RUNNER_ENGINES, StackValue, check_stack, format_stack, parse_stack
+from core.contracts.stacks import RUNNER_ENGINES, StackValue, format_stack, parse_stack
 
+RUNNER_NAME = "the scalebench runner's (FSDP2 as TorchTitan applies it)"
 RUNNER_STACK = (
-    "the scalebench runner's (FSDP2 as TorchTitan applies it): fp32 gradient reduction, one collective per block, "
-    "blocks gathered again for the backward without pp and kept gathered with it, reductions after the last "
-    "micro-batch under pp, micro-batches of one sequence, one virtual stage"
+    f"{RUNNER_NAME}: fp32 gradient reduction, one collective per block, blocks gathered again for the backward "
+    "without pp and kept gathered with it, reductions after the last micro-batch under pp, micro-batches of one "
+    "sequence, one virtual stage"
 )
 
 
 def series_stack(
-    engine: str, asked: Mapping[str, StackValue] | None, stacks: Mapping[str, object] | None
+    engine: str, asked: Mapping[str, StackValue] | None, stacks: Mapping[str, str] | None
 ) -> dict[str, StackValue]:
     """The stack a series of `engine` is charged: the request's, else the experiment's for that engine, else {}
-    (the runner's). `stacks` is a stored spec's (engine -> 'field=value,...' or a mapping), checked again: one this
-    version cannot read (stored by another) counts as none, and the series' note then says it was not charged."""
+    (the runner's). `stacks` is a stored spec's (engine -> 'field=value,...'), read again: one this version cannot
+    read (stored by another) counts as none, and the series' note then says it was not charged."""
     if asked:
         return dict(asked)
-    given = (stacks or {}).get(engine)
     try:
-        if isinstance(given, str):
-            return parse_stack(given)
-        return check_stack(given) if isinstance(given, Mapping) else {}
+        return parse_stack((stacks or {}).get(engine))
     except ValueError:
         return {}
 
 
-def describe_stacks(asked: Mapping[str, StackValue] | None, stacks: Mapping[str, object] | None) -> list[str]:
-    """The assumption lines a projection lists for the stacks it charged."""
+def _lines(asked: Mapping[str, StackValue] | None, stacks: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    """(summary, the rest) of each stack charged: the request's for every series, or the experiment's per engine
+    and the runner's for the other series; the assumption line is the two together."""
+    given = f"; fields not given: {RUNNER_STACK}"
     if asked:
-        return [
-            f"stack of every series: as the request describes it, {_fields(asked)}; fields not given: {RUNNER_STACK}"
-        ]
+        return [(f"stack of every series: as the request describes it, {_fields(asked)}", given)]
     read = {engine: series_stack(engine, None, stacks) for engine in (stacks or {})}
     lines = [
-        f"stack of {engine} series: as the experiment's stacks describe it, {_fields(stack)}; fields not given: "
-        + RUNNER_STACK
+        (f"stack of {engine} series: as the experiment's stacks describe it, {_fields(stack)}", given)
         for engine, stack in read.items()
         if stack
     ]
-    other = "of the other series" if lines else "of every series"
-    return [
-        *lines,
-        f"stack {other}: {RUNNER_STACK}; a series of another engine is projected so unless the request's `stack` "
-        "or the experiment's `stacks` describes its stack",
-    ]
+    whom = "the other series" if lines else "every series"
+    rest = RUNNER_STACK.removeprefix(RUNNER_NAME) + (
+        "; a series of another engine is projected so unless the request's `stack` or the experiment's `stacks` "
+        "describes its stack"
+    )
+    return [*lines, (f"stack of {whom}: {RUNNER_NAME}", rest)]
+
+
+def describe_stacks(asked: Mapping[str, StackValue] | None, stacks: Mapping[str, str] | None) -> list[str]:
+    """The assumption lines a projection lists for the stacks it charged."""
+    return [summary + rest for summary, rest in _lines(asked, stacks)]
+
+
+def stack_summaries(asked: Mapping[str, StackValue] | None, stacks: Mapping[str, str] | None) -> list[str]:
+    """One line per stack charged, without its details: what the dashboard, `scalebench show` and `plan` print."""
+    return [summary for summary, _ in _lines(asked, stacks)]
 
 
 def _fields(stack: Mapping[str, StackValue]) -> str:

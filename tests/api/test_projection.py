@@ -312,6 +312,9 @@ def test_cli_plan_prints_the_plan(api, test_settings, tmp_path) -> None:
     rows = {r["num_devices"]: r for r in json.loads(piped.stdout)["rows"]}
     assert {o["layout"] for o in rows[1024]["options"]} == {"fsdp", "pp=2+fsdp"}
     assert stacked.exit_code == 0, stacked.output
+    assert json.loads(stacked.stdout)["stacks"] == [
+        "stack of every series: as the request describes it, grad_reduce_bytes=2"
+    ]
     assert json.loads(stacked.stdout)["assumptions"][0].startswith(
         "stack of every series: as the request describes it, grad_reduce_bytes=2;"
     )
@@ -410,6 +413,11 @@ def test_a_described_stack_is_projected_as_the_validation_scores_it(api) -> None
     assert api.get(f"/experiments/{stored.json()['id']}").json()["spec"]["stacks"] == {"command:primus": stack}
     body = _ok(api.get(f"/experiments/{stored.json()['id']}/projection?gpu_counts=64"))
     assert body["assumptions"][0].startswith("stack of command:primus series: as the experiment's stacks describe")
+    assert body["stacks"] == [
+        f"stack of command:primus series: as the experiment's stacks describe it, {stack.replace(',', ', ')} "
+        "(distributed_optimizer applies to ddp layouts only)",
+        "stack of the other series: the scalebench runner's (FSDP2 as TorchTitan applies it)",
+    ]
     assert {p["num_devices"]: p["efficiency"] for p in body["series"][0]["points"]}[64] == pytest.approx(e64, abs=1e-12)
     for stacks, says in (
         ({"scalebench": stack}, "'scalebench' runs the scalebench runner's stack: describe command engines only"),
