@@ -137,14 +137,15 @@ def test_the_outside_testers_imports_project_and_plan_without_a_5xx(api, scale) 
     reads = read_all(api, projection_paths(exp))
     assert set(reads) == set(projection_paths(exp)), "every path answers 200 with JSON"
     projection = reads[f"/experiments/{exp}/projection?cluster=h100-ib&gpu_counts=8,32,1024"]
-    assert set(projection) == {"assumptions", "experiment_id", "gpu_counts", "network", "series"}
+    assert set(projection) == {"assumptions", "experiment_id", "gpu_counts", "network", "series", "stacks"}
+    assert projection["stacks"] == ["stack of every series: the scalebench runner's (FSDP2 as TorchTitan applies it)"]
     assert projection["experiment_id"] == exp and projection["gpu_counts"] == [8, 32, 1024]
     assert {s["key"]["precision"] for s in projection["series"]} == {"bf16", "fp8-tensorwise"}
     for s in projection["series"]:
         assert [p["num_devices"] for p in s["points"]] == [1, 2, 4, 8, 32, 1024], s["key"]  # measured + asked
         assert [p["status"] for p in s["points"][3:]] == ["projected"] * 3, s["key"]
     plan_keys = {"assumptions", "cheapest_efficient", "experiment_id", "fastest", "fastest_efficient", "gpu_counts"}
-    plan_keys |= {"gpu_hour_cost", "max_gpus", "min_efficiency", "network", "notes", "rows", "tokens"}
+    plan_keys |= {"gpu_hour_cost", "max_gpus", "min_efficiency", "network", "notes", "rows", "stacks", "tokens"}
     for path, tokens, counts in (
         (f"/experiments/{exp}/plan?tokens=1e12&max_gpus=1024", 1e12, [2**k for k in range(11)]),
         (f"/experiments/{exp}/plan?tokens=1&max_gpus=8", 1.0, [1, 2, 4, 8]),
