@@ -184,6 +184,7 @@ def load_published(directory: Path = PUBLISHED_DIR) -> list[Published]:
                 micro_batch_size=int(mbs) if mbs is not None else 0,  # 0: schedule not published, no bubble
                 virtual_stages=int(p.get("virtual_stages", 1)),
                 dp_buckets=p.get("dp_buckets", "per-block"),
+                dp_bucket_params=p.get("dp_bucket_params"),
                 distributed_optimizer=bool(p.get("distributed_optimizer", False)),
                 grad_reduce_bytes=int(p.get("grad_reduce_bytes", 4)),
                 reshard_after_forward=p.get("reshard_after_forward"),

@@ -41,13 +41,18 @@ STACK_FIELDS: dict[str, tuple[tuple[str, ...] | None, str]] = {
         "data-parallel collectives: one per transformer block (FSDP2), or Megatron-Core's buckets of max(40M, "
         "1M x DP x CP) parameters",
     ),
+    "dp_bucket_params": (
+        None,
+        "with dp_buckets=megatron, parameters per bucket as the stack sets them (Megatron-Core's "
+        "DistributedDataParallelConfig.bucket_size, NeMo's BUCKET_SIZE) instead of its default (1 to 10^12)",
+    ),
     "micro_batch_size": (
         None,
         "sequences per micro-batch: a pipeline's, or without pp a gradient accumulation's (1 to 4096)",
     ),
     "virtual_stages": (None, "model chunks per pipeline stage, interleaved 1F1B (1 to 64)"),
 }
-MAX_COUNT = {"micro_batch_size": 4096, "virtual_stages": 64}
+MAX_COUNT = {"micro_batch_size": 4096, "virtual_stages": 64, "dp_bucket_params": 10**12}
 STACK_FORM = "comma-separated field=value pairs, e.g. dp_overlap=none,grad_reduce_bytes=2; fields: " + "; ".join(
     f"{k} ({'|'.join(v) if v else '1..' + str(MAX_COUNT[k])})" for k, (v, _) in STACK_FIELDS.items()
 )
@@ -82,6 +87,8 @@ def check_stack(values: Mapping[str, object]) -> dict[str, StackValue]:
             raise ValueError(f"{name!r} is not a stack field; fields: {', '.join(STACK_FIELDS)}")
         text = str(value).lower() if isinstance(value, bool | int | str) else repr(value)
         out[name] = _value(name, text)
+    if "dp_bucket_params" in out and out.get("dp_buckets") != "megatron":
+        raise ValueError("dp_bucket_params: sets the size of Megatron-Core's buckets, so it needs dp_buckets=megatron")
     return out
 
 

@@ -113,6 +113,7 @@ class Workload:
     # TorchTitan wrap them) or "megatron" (Megatron-Core's buckets of max(40M, 1M x DP x CP) parameters, its
     # DistributedDataParallelConfig.bucket_size default: larger DP groups get larger buckets, fewer calls).
     dp_buckets: str = "per-block"
+    dp_bucket_params: int | None = None  # "megatron" buckets of this many parameters (the stack's bucket_size)
     # Megatron's distributed optimizer on a ddp layout: a reduce-scatter of the gradients and an all-gather of the
     # parameters (fp8 linears where fp8_all_gather) instead of an all-reduce of the gradients. grad_reduce_bytes:
     # the gradients' reduction dtype (4: fp32, the runner's, TorchTitan's and NeMo's bf16 default; 2: bf16).
@@ -159,7 +160,7 @@ class Workload:
         d, s = self.degrees(n), self.model_shape()
         kv = s.num_kv_heads * s.head_dim
         block_params = (2 * s.dim * s.dim + 2 * s.dim * kv + 3 * s.dim * s.ffn_hidden_dim) / d.tp + 2 * s.dim
-        bucket_params = max(40e6, 1e6 * d.dp_degree * d.cp)
+        bucket_params = self.dp_bucket_params or max(40e6, 1e6 * d.dp_degree * d.cp)
         return max(1, min(self.stage_layers(n), int(bucket_params // block_params)))
 
     def cp_compute_factor(self, n: int) -> float:

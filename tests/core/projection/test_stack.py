@@ -41,6 +41,12 @@ def test_a_stack_parses_to_typed_values() -> None:
         ("dp_overlap", "'dp_overlap' is not a field=value pair"),
         ("dp_overlap=", "'dp_overlap=' is not a field=value pair"),
         ("dp_overlap=none,dp_overlap=overlapped", "dp_overlap given twice"),
+        ("dp_bucket_params=0", "dp_bucket_params: '0' is not a whole number from 1 to 1000000000000"),
+        (
+            "dp_bucket_params=768000000",
+            "dp_bucket_params: sets the size of Megatron-Core's buckets, so it needs dp_buckets=megatron",
+        ),
+        ("dp_buckets=per-block,dp_bucket_params=1", "dp_bucket_params: sets the size"),
     ],
 )
 def test_a_bad_stack_names_the_field_and_what_it_allows(raw: str, says: str) -> None:
@@ -144,4 +150,15 @@ def test_a_stack_reads_the_same_from_json_values_and_text() -> None:
 def test_every_field_is_described_for_the_request() -> None:
     for name, (allowed, what) in STACK_FIELDS.items():
         value = allowed[0] if allowed else "1"
-        assert what and f"{name}={value}" in describe_stacks(parse_stack(f"{name}={value}"), None)[0]
+        needs = "dp_buckets=megatron," if name == "dp_bucket_params" else ""
+        assert what and f"{name}={value}" in describe_stacks(parse_stack(f"{needs}{name}={value}"), None)[0]
+
+
+def test_a_stacks_bucket_size_replaces_megatrons_default() -> None:
+    """Megatron's default at DP 64 is 64M parameters, less than one 8B block (218M): one block a bucket; a stack
+    that sets 768M (NeMo's BUCKET_SIZE) sends three blocks a bucket, and its last bucket is exposed."""
+    _, _, default = _projection("command:nemo", "ddp", MEGATRON + ",dp_buckets=megatron")
+    _, _, large = _projection("command:nemo", "ddp", MEGATRON + ",dp_buckets=megatron,dp_bucket_params=768000000")
+    assert large[64].exposed_communication_ms > 1.2 * default[64].exposed_communication_ms
+    assert large[64].efficiency < default[64].efficiency
+    assert large[8].efficiency == default[8].efficiency == 1.0
