@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import random
 import sys
 from pathlib import Path
 
@@ -364,3 +365,61 @@ def test_a_series_charged_the_runners_stack_loses_every_field_its_file_describes
     recorded = json.loads(RESULT.read_text())["runner_stack"]
     assert recorded["described_series"] == sum(pv.runner_stack(s).workload != s.workload for s in by_id.values())
     assert recorded["described_runner_stack_pp"] > recorded["described_own_stack_pp"]
+
+
+def test_the_selection_rerun_without_a_figure_makes_the_fits_the_exact_search_makes():
+    """selection_stability's vectorised search picks, on any table of misses, the constants `fit` picks and the
+    variant `ship` picks from the exact leave-one-source-out means; left out, a series or source is gone from the
+    fits. A seeded table of misses stands in for the projections (what the search reads is only the table)."""
+    by_source: dict[str, pv.Published] = {}
+    for s in pv.load_published():
+        by_source.setdefault(s.source, s)
+    series = [by_source[k] for k in ("amd-rocm", "lumi-llm-scaling", "torchtitan", "trainy", "nebius")]
+    rng = random.Random(7)
+    keys = {pv._combo_key(c) for v in pv.VARIANTS.values() for c in pv.variant_combos(v)}
+    table = {(s.id, k): rng.uniform(0.5, 4.0) for s in series for k in sorted(keys)}
+    stab = pv.selection_stability(series, table)
+
+    fitted = pv.fits_per_fold(series, pv.VARIANTS, table=table)
+    means = {
+        name: sum(table[(s.id, pv._combo_key(pv.constants_for(s, v, fitted[name][s.source])))] for s in series)
+        / len(series)
+        for name, v in pv.VARIANTS.items()
+    }
+    everything = stab["all"]
+    assert everything["means"] == pytest.approx(means, abs=1e-12)
+    assert everything["shipped"] == pv.ship(means)
+    assert everything["constants"] == fitted[everything["shipped"]][None]
+    assert set(stab["without_series"]) == {s.id for s in series}
+    assert set(stab["without_source"]) == {s.source for s in series}
+    # without trainy's one series the selection is the exact one on the other four
+    rest = [s for s in series if s.source != "trainy"]
+    rest_fitted = pv.fits_per_fold(rest, pv.VARIANTS, table=table)
+    shipped = stab["without_source"]["trainy"]["shipped"]
+    assert stab["without_series"][by_source["trainy"].id]["constants"] == rest_fitted[shipped][None]
+
+
+def test_the_recorded_selection_says_how_much_it_hangs_on_single_figures():
+    report = json.loads(RESULT.read_text())
+    stab = report["selection_stability"]
+    assert stab["all"]["shipped"] == report["shipped_variant"]
+    assert stab["all"]["constants"] == report["shipped_constants"]
+    assert len(stab["without_series"]) == report["num_series"] and len(stab["without_source"]) == report["num_sources"]
+    assert "How much the choice hangs on single figures" in pv.markdown(report)
+
+
+def test_the_nested_selection_projects_each_source_with_what_the_others_choose():
+    by_source: dict[str, pv.Published] = {}
+    for s in pv.load_published():
+        by_source.setdefault(s.source, s)
+    series = [by_source[k] for k in ("amd-rocm", "torchtitan", "trainy", "nebius")]
+    keys = {pv._combo_key(c) for v in pv.VARIANTS.values() for c in pv.variant_combos(v)}
+    rng = random.Random(11)
+    table = {(s.id, k): rng.uniform(1.0, 5.0) for s in series for k in sorted(keys)}
+    stab = pv.selection_stability(series, table)
+    misses = []
+    for s in series:
+        chosen = stab["without_source"][s.source]
+        c = chosen["constants"][s.vendor] if pv.VARIANTS[chosen["shipped"]].per_vendor else chosen["constants"]
+        misses.append(table[(s.id, pv._combo_key(c))])
+    assert stab["nested_series_mean_abs_miss_pp"] == pytest.approx(sum(misses) / len(misses), abs=1e-12)
