@@ -423,3 +423,19 @@ def test_the_nested_selection_projects_each_source_with_what_the_others_choose()
         c = chosen["constants"][s.vendor] if pv.VARIANTS[chosen["shipped"]].per_vendor else chosen["constants"]
         misses.append(table[(s.id, pv._combo_key(c))])
     assert stab["nested_series_mean_abs_miss_pp"] == pytest.approx(sum(misses) / len(misses), abs=1e-12)
+
+
+def test_the_interval_is_checked_against_misses_whose_form_was_chosen_out_of_sample():
+    series = [s for s in pv.load_published() if s.source in ("torchtitan", "trainy")]
+    report = json.loads(RESULT.read_text())
+    chosen = {"shipped": report["shipped_variant"], "constants": report["shipped_constants"]}
+    stability = {"without_source": {"torchtitan": chosen, "trainy": chosen}}
+    points = sum(len(s.points) - 1 for s in series)
+    wide = pv.nested_selection_check(series, stability, 100.0, 0.0, 5.0)
+    assert (wide["points"], wide["inside_shipped_interval"], wide["coverage"]) == (points, points, 1.0)
+    narrow = pv.nested_selection_check(series, stability, 1e-6, 0.0, 5.0)
+    assert narrow["inside_shipped_interval"] == 0
+    worst = max((m for s in series for m in pv.misses_pp(s, chosen["constants"]).values()), key=abs)
+    assert narrow["worst_miss_pp"] == worst
+    check = report["selection_stability"]["interval_check"]
+    assert check["points"] == report["variants"][report["shipped_variant"]]["num_points"]
