@@ -607,9 +607,13 @@ def selection_stability(series: list[Published], table: dict) -> dict:
             matrix, misses = grids[name][1], []
             for src in sorted({series[i].source for i in kept}):
                 train = [i for i in kept if series[i].source != src]
-                for i in (i for i in kept if series[i].source == src):
+                held = [i for i in kept if series[i].source == src]
+                if not v.per_vendor:
+                    misses += list(matrix[fit_at(name, train), held])
+                    continue
+                for i in held:  # each vendor's constants fitted on that vendor's series (all, where it has none)
                     cols = [j for j in train if series[j].vendor == series[i].vendor] or train
-                    misses.append(matrix[fit_at(name, cols if v.per_vendor else train), i])
+                    misses.append(matrix[fit_at(name, cols), i])
             means[name] = float(np.mean(misses))
         shipped = ship(means)
         combos = grids[shipped][0]
