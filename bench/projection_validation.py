@@ -589,7 +589,8 @@ def selection_stability(series: list[Published], table: dict) -> dict:
     """How much the shipped variant and its constants hang on single figures: the whole selection (every variant
     fitted per fold, leave one source out, then `ship`) rerun on the set with one series left out, and with one
     source left out. Read from miss_table's `table`, with the grid search vectorised (numpy's mean and first-of-ties
-    argmin: the same fits as `fit` on these figures, which tests/bench checks on the full set)."""
+    argmin). tests/bench checks it against `fit` and fits_per_fold on a seeded table, and the recorded run's
+    selection on every series against the constants the exact search shipped."""
     import numpy as np
 
     ids = [s.id for s in series]

@@ -89,8 +89,9 @@ ASSUMPTIONS = (
     "critical path (no async TP), activations gathered in fp8 with fp8-tensorwise",
     "forward : backward compute = 1 : 2 (1 : 3 with full activation checkpointing); the output layer's "
     "compute (6 V d FLOPs per token) runs outside the per-block overlap",
-    "overlapped compute runs slower by collective_sm_fraction while a collective occupies compute units "
-    f"({COLLECTIVE_UNITS:g} of the device's SMs or CUs by default, fitted on published results)",
+    "overlapped compute runs slower by collective_sm_fraction while a collective occupies compute units: "
+    f"{COLLECTIVE_UNITS:g} of the device's SMs or CUs by default (fitted on published results; 0: no slow-down), "
+    "or a cluster network's collective_sm_fraction",
     "a step waits for the slowest of N devices: compute x (1 + device_speed_cv x z(N)), z(N) = H_N - 1 for an "
     "exponential tail of device speeds (straggler_tail), E[max of N normals] for a normal one; "
     f"device_speed_cv {DEVICE_SPEED_CV:g} by default (fitted on published results)",
