@@ -1,6 +1,6 @@
 """The projection's fitted constants, in one place: each was fitted (or calibrated) on the published scaling
 results in bench/published/ by `python bench/projection_validation.py`, leave one source out; the recorded run is
-bench/results/2026-12-05-projection-validation.md, and tests/bench/test_projection_validation.py checks that these
+bench/results/2026-12-06-projection-validation.md, and tests/bench/test_projection_validation.py checks that these
 values are the ones it printed. Refit them only by rerunning that script. CP_ATTENTION_COST is measured, not fitted.
 """
 
@@ -14,8 +14,8 @@ COLLECTIVE_UNITS = 0.0
 INTRA_NODE_EFFICIENCY = 0.6
 INTER_NODE_EFFICIENCY = 0.5
 # Device-to-device speed spread (std / mean) and the shape of its slow tail: a step waits for the slowest device.
-DEVICE_SPEED_CV = 0.01
-STRAGGLER_TAIL: Literal["exponential", "normal"] = "exponential"
+DEVICE_SPEED_CV = 0.02
+STRAGGLER_TAIL: Literal["exponential", "normal"] = "normal"
 
 # The 80% prediction interval of a projected E(N): +- INTERVAL_Q_PP percentage points x d ** INTERVAL_EXPONENT,
 # d = log2(N / N0), up to INTERVAL_VALIDATED_DOUBLINGS (the largest d of the published points); past it the
@@ -23,13 +23,13 @@ STRAGGLER_TAIL: Literal["exponential", "normal"] = "exponential"
 # of the published points' out-of-sample scores |miss| / d ** exponent; the exponent (0, 1/4 or 1/2) is the one
 # with the lowest out-of-sample interval score.
 INTERVAL_COVERAGE = 0.8
-INTERVAL_Q_PP = 2.90
+INTERVAL_Q_PP = 3.08
 INTERVAL_EXPONENT = 0.0
 INTERVAL_VALIDATED_DOUBLINGS = 5.0
-INTERVAL_NESTED_COVERAGE = 0.82  # share of the published points inside the interval, each source left out
+INTERVAL_NESTED_COVERAGE = 0.78  # share of the published points inside the interval, each source left out
 VALIDATED_MAX_DEVICES = 16384  # the largest N of the published series; beyond it the interval extrapolates
-VALIDATED_SERIES, VALIDATED_SOURCES = 34, 14  # the published set the constants were fitted and checked on
-VALIDATION_MEAN_MISS_PP = 1.98  # out-of-sample mean absolute miss of E(N) over series, leave one source out
+VALIDATED_SERIES, VALIDATED_SOURCES = 37, 16  # the published set the constants were fitted and checked on
+VALIDATION_MEAN_MISS_PP = 2.02  # out-of-sample mean absolute miss of E(N) over series, leave one source out
 
 # A context-parallel rank's attention (forward + backward) over its FLOP share of the unsplit causal attention, the
 # slowest rank's, measured on the scalebench runner's all-gather attention (runner.context: two lower-right causal

@@ -34,6 +34,7 @@ from core.projection.constants import (
     INTERVAL_NESTED_COVERAGE,
     INTERVAL_Q_PP,
     INTERVAL_VALIDATED_DOUBLINGS,
+    STRAGGLER_TAIL,
     VALIDATED_MAX_DEVICES,
     VALIDATED_SERIES,
     VALIDATED_SOURCES,
@@ -94,7 +95,7 @@ ASSUMPTIONS = (
     "or a cluster network's collective_sm_fraction",
     "a step waits for the slowest of N devices: compute x (1 + device_speed_cv x z(N)), z(N) = H_N - 1 for an "
     "exponential tail of device speeds (straggler_tail), E[max of N normals] for a normal one; "
-    f"device_speed_cv {DEVICE_SPEED_CV:g} by default (fitted on published results)",
+    f"the {STRAGGLER_TAIL} tail and device_speed_cv {DEVICE_SPEED_CV:g} by default (fitted on published results)",
     "without a breakdown the optimizer step is part of the compute and does not shrink with sharding; with "
     "one, optimizer_ms shrinks with the shard count and idle_ms is carried unchanged",
     "constants (collective share, intra- and inter-node link efficiency, device spread) fitted to "

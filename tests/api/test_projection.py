@@ -21,6 +21,7 @@ from core.projection.constants import (
     DEVICE_SPEED_CV,
     INTER_NODE_EFFICIENCY,
     INTRA_NODE_EFFICIENCY,
+    STRAGGLER_TAIL,
 )
 from db.models import Run
 from tests.bench.test_projection_validation import pv
@@ -367,6 +368,7 @@ def test_a_described_stack_is_projected_as_the_validation_scores_it(api) -> None
         "intra_node_efficiency": INTRA_NODE_EFFICIENCY,
         "inter_node_efficiency": INTER_NODE_EFFICIENCY,
         "device_speed_cv": DEVICE_SPEED_CV,
+        "straggler_tail_exponential": 1.0 if STRAGGLER_TAIL == "exponential" else 0.0,
     }
     expected = pv.project(pub, shipped)[64]
     head = {

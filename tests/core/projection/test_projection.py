@@ -17,7 +17,7 @@ import pytest
 from core.analysis.scaling import RunPoint, build_report
 from core.catalog.shapes import SHAPES
 from core.contracts.clusters import load_clusters
-from core.projection.constants import COLLECTIVE_UNITS, VALIDATED_MAX_DEVICES
+from core.projection.constants import COLLECTIVE_UNITS, STRAGGLER_TAIL, VALIDATED_MAX_DEVICES
 from core.projection.model import (
     INTERVAL_EXPONENT,
     INTERVAL_Q_PP,
@@ -238,7 +238,7 @@ def test_straggler_term_and_solver():
         tail: step_time(workload(), H100.model_copy(update={"straggler_tail": tail}), 128, 8, 1000.0)
         for tail in ("exponential", "normal")
     }
-    assert H100.straggler_tail == "exponential"
+    assert H100.straggler_tail == STRAGGLER_TAIL  # the fitted default
     assert straggler["exponential"].straggler_ms == pytest.approx(
         1000 * H100.device_speed_cv * (exact_128 := sum(1 / k for k in range(2, 129))), rel=1e-6
     )
