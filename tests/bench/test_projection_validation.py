@@ -54,11 +54,16 @@ def test_the_published_set_covers_sources_vendors_layouts_and_scale():
     assert len({s.source for s in series}) >= 12
     assert len([s for s in series if max(s.points) > 1000]) >= 3
     assert len([s for s in series if s.vendor == "amd"]) >= 4
-    for path in sorted((REPO / "bench" / "published").glob("*.json")):
-        doc = json.loads(path.read_text())
+    docs = {path.name: json.loads(path.read_text()) for path in sorted((REPO / "bench" / "published").glob("*.json"))}
+    publishers = {doc["source"] for doc in docs.values() if "same_publisher_as" not in doc}
+    ids = [row["id"] for doc in docs.values() for row in doc["series"]]
+    assert len(ids) == len(set(ids))  # a series is known by its id
+    for name, doc in docs.items():
         assert doc["url"].startswith("https://") and doc["published"]
+        # a file of a publisher that another file holds is held out with it: it names that file's source
+        assert doc.get("same_publisher_as", doc["source"]) in publishers, name
         for row in doc["series"]:
-            assert all(row.get(k) not in (None, "") for k in ROW_FIELDS), (path.name, row["id"])
+            assert all(row.get(k) not in (None, "") for k in ROW_FIELDS), (name, row["id"])
             assert len(row["points"]) >= 2 and all(x > 0 for _, x in row["points"])
 
 
