@@ -29,8 +29,9 @@ def series_stack(
     read (stored by another) counts as none, and the series' note then says it was not charged."""
     if asked:
         return dict(asked)
-    try:
-        return parse_stack((stacks or {}).get(engine))
+    raw = stacks.get(engine) if isinstance(stacks, Mapping) else None
+    try:  # JSON of another version may hold anything: only text is a stack this version reads
+        return parse_stack(raw) if isinstance(raw, str) else {}
     except ValueError:
         return {}
 
@@ -41,7 +42,7 @@ def _lines(asked: Mapping[str, StackValue] | None, stacks: Mapping[str, str] | N
     given = f"; fields not given: {RUNNER_STACK}"
     if asked:
         return [(f"stack of every series: as the request describes it, {_fields(asked)}", given)]
-    read = {engine: series_stack(engine, None, stacks) for engine in (stacks or {})}
+    read = {engine: series_stack(engine, None, stacks) for engine in (stacks if isinstance(stacks, Mapping) else {})}
     lines = [
         (f"stack of {engine} series: as the experiment's stacks describe it, {_fields(stack)}", given)
         for engine, stack in read.items()

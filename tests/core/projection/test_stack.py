@@ -162,3 +162,18 @@ def test_a_stacks_bucket_size_replaces_megatrons_default() -> None:
     assert large[64].exposed_communication_ms > 1.2 * default[64].exposed_communication_ms
     assert large[64].efficiency < default[64].efficiency
     assert large[8].efficiency == default[8].efficiency == 1.0
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{"command:megatron": {"dp_overlap": "none"}}, {"command:megatron": 2}, ["command:megatron"], "dp_overlap=none"],
+)
+def test_a_stored_stack_of_another_shape_is_charged_as_none_and_said(stored) -> None:
+    report, series, unread = _projection("command:megatron", "ddp", stacks=stored)
+    _, _, runner = _projection("command:megatron", "ddp")
+    assert unread[2048].efficiency == runner[2048].efficiency
+    assert report.assumptions[0].startswith("stack of every series: the scalebench runner's")
+    assert report.stacks == ["stack of every series: the scalebench runner's (FSDP2 as TorchTitan applies it)"]
+    assert any(
+        n.startswith("measured on command:megatron, projected with the scalebench runner's") for n in series.notes
+    )
