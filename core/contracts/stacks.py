@@ -13,7 +13,8 @@ from collections.abc import Mapping
 # When a step's data-parallel collectives run, over the micro-batches of a pipeline stage (Workload.dp_overlap):
 DP_OVERLAP = {
     "overlapped": "gathers beside the first micro-batch's forward, reductions beside the last one's backward "
-    "(FSDP2 without pp; Megatron-Core's overlap_param_gather and overlap_grad_reduce)",
+    "(FSDP2 without pp; Megatron-Core's overlap_param_gather and overlap_grad_reduce); with virtual stages, a model "
+    "chunk's collectives beside another chunk's P micro-batches (Megatron-Core's interleaved 1F1B)",
     "reduce-after": "gathers so, reductions after the last backward, exposed (torch.distributed.pipelining's "
     "REDUCE_GRAD action: the runner's and TorchTitan's pp)",
     "none": "every data-parallel collective exposed (DeepSpeed's pipeline engine: gradients reduced after the last "

@@ -26,7 +26,10 @@ Pure (no torch). The model of a step, per layout (the runner's plan: runner/para
   (Workload.cp_compute_factor).
 - Overlap: a layer takes max(comm, compute + f x comm), f = `collective_sm_fraction`, the share of compute units a
   running collective may take from the compute beside it (COLLECTIVE_UNITS compute units by default, fitted on
-  published results: bench/projection_validation.py).
+  published results: bench/projection_validation.py). With an interleaved pipeline (virtual stages) and overlapped
+  data-parallel collectives, a model chunk's gathers and reductions run beside another chunk's P micro-batches, as
+  Megatron-Core's interleaved 1F1B launches them; the first chunks' gathers and the last chunk's reductions keep the
+  one micro-batch window.
 - A step ends at the slowest of the N devices: compute is scaled by 1 + cv x z(N), cv the device-to-device speed
   spread and z(N) how far the slowest of N lies behind the mean in standard deviations: H_N - 1 for an exponential
   tail (the default), or the expected maximum of N standard normal draws (Blom's approximation). The default cv is
@@ -181,6 +184,11 @@ class Workload:
         if mbs <= 0:
             return 1.0
         return max(1.0, self.sequences_per_dp_rank(n) / mbs)
+
+    def interleaved_windows(self, n: int) -> bool:
+        """Whether the data-parallel collectives of an interleaved pipeline (virtual stages) run beside the other
+        chunks' micro-batches: overlapped mode with pp and v > 1."""
+        return self.virtual_stages > 1 and self.degrees(n).pp > 1 and self.dp_overlap_mode(n) == "overlapped"
 
     def dp_overlap_mode(self, n: int) -> str:
         if self.dp_overlap is not None:
@@ -451,21 +459,35 @@ def step_time(
     gather = c.ag_block if mode != "none" else 0.0  # beside forward's (and a re-gathering backward's) blocks
     red = reduce_ms if mode == "overlapped" else 0.0
     regather = bool(c.ag_block) and w.reshards_after_forward(n)
-    bwd: list[tuple[float, float, float]]
+    # An interleaved schedule (v model chunks a stage, overlapped), as Megatron-Core's interleaved 1F1B launches the
+    # chunks' collectives (param_sync_func, grad_sync_func): chunk c's gathers (2 <= c < v) start at chunk c-1's
+    # first micro-batch and run beside its forward of P micro-batches; chunk c's reductions (c >= 1) start after its
+    # last backward and run beside chunk c-1's backward of P micro-batches. Chunks 0 and 1 gather on demand, and
+    # chunk 0 reduces last: they keep the one micro-batch window. wide_g / wide_r units get `win` micro-batches.
+    win = min(w.degrees(n).pp, int(m)) if w.interleaved_windows(n) and not regather else 1
+    v = max(1, w.virtual_stages)
+    wide_g = max(0, num_layers - math.ceil(2 * num_layers / v)) if win > 1 else 0
+    wide_r = num_layers - math.ceil(num_layers / v) if win > 1 else 0
+    cf, cb = k * c.cp_fwd_block / m, k * c.cp_bwd_block / m  # per micro-batch
+    bwd: list[tuple[float, float, float, float]]  # (count, comm, compute, micro-batches it spans)
     if regather:
         # FSDP/HSDP: block L-1 prefetches L-2's gather; blocks L-2..1 also reduce L+1; block 0 only reduces
-        bwd = [(1, gather, wb), (num_layers - 2, gather + red, wb), (1, red, wb)] if num_layers > 1 else [(1, 0.0, wb)]
+        bwd = (
+            [(1, gather, wb, 1), (num_layers - 2, gather + red, wb, 1), (1, red, wb, 1)]
+            if num_layers > 1
+            else [(1, 0.0, wb, 1)]
+        )
     else:  # DDP (or none), or FSDP kept gathered: block i's backward hides block i+1's reduction
-        bwd = [(1, 0.0, wb), (num_layers - 1, red, wb)]
-    # the other m - 1 micro-batches: compute alone, or beside CP's exchange, which runs beside each block's attention
-    fwd: list[tuple[float, float, float]] = [
-        (num_layers - 1, gather, wf),
-        (1, 0.0, wf),
-        ((m - 1) * num_layers, 0.0, wf),
+        bwd = [(1, 0.0, wb, 1), (num_layers - 1 - wide_r, red, wb, 1), (wide_r, red, wb * win, win)]
+    # the other micro-batches: compute alone, or beside CP's exchange, which runs beside each block's attention
+    fwd: list[tuple[float, float, float, float]] = [
+        (num_layers - 1 - wide_g, gather, wf, 1),
+        (wide_g, gather, wf * win, win),
+        (1, 0.0, wf, 1),
+        ((m - 1) * num_layers - wide_g * (win - 1), 0.0, wf, 1),
     ]
-    bwd.append(((m - 1) * num_layers, 0.0, wb))
-    cf, cb = k * c.cp_fwd_block / m, k * c.cp_bwd_block / m  # per micro-batch
-    blocks = [(q, x + cf, y) for q, x, y in fwd] + [(q, x + cb, y) for q, x, y in bwd]
+    bwd.append(((m - 1) * num_layers - wide_r * (win - 1), 0.0, wb, 1))
+    blocks = [(q, x + cf * u, y) for q, x, y, u in fwd] + [(q, x + cb * u, y) for q, x, y, u in bwd]
     # the first gathers and last reductions, and the pipeline's fill and drain sends (forward and backward); what
     # dp_overlap does not put beside compute is exposed
     p2p_ms = 2 * (w.degrees(n).pp - 1) * c.p2p_ms

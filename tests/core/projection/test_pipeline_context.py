@@ -358,3 +358,31 @@ def test_a_measured_pipeline_series_is_projected_as_itself():
     assert points[4].measured_tokens_per_sec == pytest.approx(4 * 5950.0) and points[4].efficiency_error_pp is not None
     assert points[64].status == "projected" and points[64].efficiency <= points[8].efficiency + 1e-9
     assert not any("projected onto layout" in n for n in series.notes)  # its own layout, not laid out anew
+
+
+def test_an_interleaved_pipeline_hides_a_chunks_collectives_behind_other_chunks_micro_batches():
+    # Megatron-Core's interleaved 1F1B: chunk c's gathers (2 <= c < v) run beside chunk c-1's forward of P
+    # micro-batches, its reductions (c >= 1) beside the next chunk's backward of P micro-batches
+    net = H100.model_copy(update={"device_speed_cv": 0.0})
+    base = workload("pp=4+tp=2+fsdp", micro_batch_size=1, local_batch_size=32, dp_overlap="overlapped")
+    plain = step_time(base, net, 64, 8, 1000.0)
+    for v in (2, 4, 8):
+        w = dataclasses.replace(base, virtual_stages=v)
+        assert w.interleaved_windows(64)
+        p = step_time(w, net, 64, 8, 1000.0)
+        # the same collectives, less of them exposed, no compute lost or added
+        assert p.communication_ms == pytest.approx(plain.communication_ms)
+        assert p.exposed_communication_ms < plain.exposed_communication_ms
+        assert p.compute_ms == plain.compute_ms and p.step_ms - p.idle_ms < plain.step_ms - plain.idle_ms
+    # only overlapped collectives of an interleaved pipeline: reduce-after, v = 1 or no pp keep one micro-batch
+    for w in (
+        dataclasses.replace(base, virtual_stages=4, dp_overlap="reduce-after"),
+        dataclasses.replace(base, virtual_stages=1),
+        workload("tp=2+fsdp", virtual_stages=4),
+    ):
+        assert not w.interleaved_windows(64)
+    # a window of P micro-batches: with one micro-batch per data-parallel rank there is none to widen into
+    one = dataclasses.replace(base, local_batch_size=1)
+    assert step_time(dataclasses.replace(one, virtual_stages=4), net, 64, 8, 1000.0).exposed_communication_ms == (
+        pytest.approx(step_time(one, net, 64, 8, 1000.0).exposed_communication_ms)
+    )
