@@ -1092,9 +1092,10 @@ def _constants_text(c: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default_out = f"bench/results/{dt.date.today():%Y-%m-%d}-projection-validation"
     ap.add_argument(
         "--out",
-        default=f"bench/results/{dt.date.today():%Y-%m-%d}-projection-validation",
+        default=default_out,
         help="output path without extension (.json and .md are written)",
     )
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the grid searches")
@@ -1135,7 +1136,7 @@ def main() -> None:
     in_sample = loss(series, constants)
     report = {
         "date": f"{dt.date.today():%Y-%m-%d}",
-        "command": "python bench/projection_validation.py",
+        "command": "python bench/projection_validation.py" + (f" --out {args.out}" if args.out != default_out else ""),
         "num_series": len(series),
         "sources": sorted({s.source for s in series}),
         "num_sources": len({s.source for s in series}),
