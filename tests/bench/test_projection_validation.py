@@ -1,6 +1,6 @@
 """bench/published and bench/projection_validation.py on CPU: the validation set covers sources, vendors, layouts
 and scale, every series carries its citation, the evaluation's pieces behave, and the constants the product ships
-are the ones the recorded run fitted (bench/results/2026-12-06-projection-validation.json)."""
+are the ones the recorded run fitted (bench/results/2026-12-06-projection-validation-interleaved.json)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ spec = importlib.util.spec_from_file_location("projection_validation", REPO / "b
 pv = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = pv  # its dataclasses look their module up
 spec.loader.exec_module(pv)
-RESULT = REPO / "bench" / "results" / "2026-12-06-projection-validation.json"
+RESULT = REPO / "bench" / "results" / "2026-12-06-projection-validation-interleaved.json"
 ROW_FIELDS = (
     "id",
     "citation",
