@@ -430,3 +430,30 @@ def test_a_described_stack_is_projected_as_the_validation_scores_it(api) -> None
         assert bad.status_code == 422, bad.text
         (error,) = bad.json()["errors"]
         assert error["field"].endswith("stacks") and says in error["message"], error
+
+
+def test_a_stack_with_virtual_stages_hides_its_chunks_collectives_through_the_api(api) -> None:
+    # Megatron-Core's interleaved 1F1B with overlapped collectives, described per request: a chunk's data-parallel
+    # traffic runs beside other chunks' micro-batches, so less of the same traffic is exposed than with one chunk.
+    # A fast device and 32 sequences a rank: one micro-batch's compute is too short to hide a block's collectives.
+    body = {
+        "name": "interleaved",
+        "model": "8b",
+        "cluster": "grand-teton-h100",
+        "scaling": "weak",
+        "seq_len": 8192,
+        "local_batch_size": 32,
+        "points": [{"num_devices": 8, "precision": "bf16", "layout": "fsdp", "tokens_per_sec_per_device": 60000}],
+    }
+    r = api.post("/experiments/import", json=body)
+    assert r.status_code == 201, r.text
+    query = "gpu_counts=1024&layouts=pp%3D4%2Bfsdp&stack=dp_overlap%3Doverlapped"
+    url = f"/experiments/{r.json()['id']}/projection?{query}"
+
+    def at1024(stack: str) -> dict:
+        (pp,) = [s for s in _ok(api.get(url + stack))["series"] if s["key"]["layout"] == "pp=4+fsdp"]
+        return {p["num_devices"]: p for p in pp["points"]}[1024]
+
+    one, interleaved = at1024(""), at1024("%2Cvirtual_stages%3D4")
+    assert interleaved["communication_ms"] == pytest.approx(one["communication_ms"])
+    assert interleaved["exposed_communication_ms"] < one["exposed_communication_ms"]
