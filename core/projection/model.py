@@ -83,7 +83,9 @@ ASSUMPTIONS = (
     "gradients reduce-scattered in fp32; one-block prefetch",
     "data-parallel collectives run once a step, beside one micro-batch's compute: gathers beside the first "
     "micro-batch's forward, reductions beside the last one's backward, or, under pp, after it and exposed "
-    "(torch.distributed.pipelining's REDUCE_GRAD, as the runner and TorchTitan run it)",
+    "(torch.distributed.pipelining's REDUCE_GRAD, as the runner and TorchTitan run it); a stack with virtual "
+    "stages and overlapped collectives runs a model chunk's beside P micro-batches of another chunk "
+    "(Megatron-Core's interleaved 1F1B)",
     "fp8 all-gather (fp8-tensorwise with fp8_all_gather): block linear weights gathered in 1 byte; norms and "
     "root in bf16; the small amax all-reduce of the scales is not modelled",
     "DDP: one fp32 all-reduce bucket per block and one for the root; TP: sequence-parallel collectives on the "
