@@ -17,6 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from core.analysis.scaling import RunPoint, build_report
+from core.contracts.stacks import DP_OVERLAP
 from core.projection.model import (
     INTERVAL_VALIDATED_DOUBLINGS,
     NetworkUsed,
@@ -46,7 +47,12 @@ EXTREMES = [5e-324, 2.2e-308, 1e-160, 1.0, 1e155, 1e300, 1e308]
 
 
 def workload(
-    layout: str = "fsdp", precision: str = "bf16", num_layers: int = 4, scaling: str = "weak", gbs: int | None = None
+    layout: str = "fsdp",
+    precision: str = "bf16",
+    num_layers: int = 4,
+    scaling: str = "weak",
+    gbs: int | None = None,
+    **stack,
 ) -> Workload:
     return Workload(
         model="8b",
@@ -55,9 +61,10 @@ def workload(
         layout=layout,
         scaling=scaling,
         seq_len=2048,
-        local_batch_size=2,
+        local_batch_size=stack.pop("local_batch_size", 2),
         global_batch_size=gbs,
         fp8_all_gather=True,
+        **stack,
     )
 
 
@@ -108,11 +115,30 @@ def runs(xs: dict[int, float], layout: str = "fsdp", precision: str = "bf16", sc
     n=counts,
     layout=layouts,
     layers=st.integers(1, 130),
+    stack=st.fixed_dictionaries(
+        {
+            "local_batch_size": st.sampled_from([1, 2, 3, 64]),
+            "virtual_stages": st.sampled_from([1, 2, 5]),
+            "dp_overlap": st.sampled_from([None, *DP_OVERLAP]),
+            "micro_batch_size": st.sampled_from([None, 0, 1, 2]),
+            "dp_buckets": st.sampled_from(["per-block", "megatron"]),
+        }
+    ),
 )
-@example(compute=1e308, optimizer=1e308, idle=1e308, n=8, layout="fsdp", layers=2)
-@example(compute=5e-324, optimizer=0.0, idle=0.0, n=1, layout="ddp", layers=1)
-def test_step_time_is_total_and_never_nan(compute, optimizer, idle, n, layout, layers):
-    w = workload(layout, num_layers=layers)
+@example(compute=1e308, optimizer=1e308, idle=1e308, n=8, layout="fsdp", layers=2, stack={})
+@example(compute=5e-324, optimizer=0.0, idle=0.0, n=1, layout="ddp", layers=1, stack={})
+@example(
+    compute=1e308,
+    optimizer=0.0,
+    idle=0.0,
+    n=64,
+    layout="pp=2+fsdp",
+    layers=130,
+    stack={"local_batch_size": 64, "virtual_stages": 5, "dp_overlap": "overlapped"},
+)
+def test_step_time_is_total_and_never_nan(compute, optimizer, idle, n, layout, layers, stack):
+    # the runner's stack, and the stack fields a request may set (interleaved pipelines' windows included)
+    w = workload(layout, num_layers=layers, **stack)
     try:
         w.degrees(n)
     except ValueError:
