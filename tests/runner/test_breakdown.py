@@ -2,9 +2,10 @@
 
 Three runs of the debug shape (6 steps: 1 warm-up, 2 timed, 3 profiled): fp8-tensorwise at N=1 (emulated
 float8), fp32 FSDP at N=2 and N=4. Tolerance (stated): a rank's categories add up to its profiled window
-exactly (a partition, 1e-6 relative), and the median breakdown's parts add up to within 10% of the mean step
-time the runner's own timer measured for the profiled steps (measured here: within 1% per step, except the
-first profiled step, whose timer also holds the profiler's start, 2-40 ms).
+exactly (a partition, 1e-6 relative), and rank 0's step windows lie within the intervals the runner's own timer
+measured for the same steps: within 10% of each after the first profiled step (measured here: within 1%). The first
+profiled step's interval also holds the profiler's start, before its window: 2-40 ms on an idle machine, about 160
+ms with the suite's workers and ranks sharing two cores, so its window is only checked to lie within it.
 """
 
 from __future__ import annotations
@@ -150,16 +151,32 @@ def test_fsdp_communication_is_split_into_exposed_and_overlapped(runs):
         assert 0 < exposed_share(result.breakdown.median) <= 1, (n, result.breakdown.median)
 
 
+def _windows_ms(path) -> dict[int, float]:
+    """Each profiled step's window (its scalebench.step#k range) in ms, from one rank's trace file."""
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    marks = ((e, re.fullmatch(r"scalebench\.step#(\d+)", e.get("name", ""))) for e in events if e.get("ph") == "X")
+    return {int(m[1]): e["dur"] / 1000 for e, m in marks if m}
+
+
 def test_categories_add_up_to_the_measured_step_time(runs):
-    for n, (result, _) in runs.items():
+    for n, (result, run_dir) in runs.items():
         b = result.breakdown
         for r in b.per_rank:
             assert sum(getattr(r, k) for k in PARTITION) == pytest.approx(r.step_ms, rel=1e-6)
-        # the breakdown is a mean over the profiled steps: compare with the mean the timer measured for them
-        measured = statistics.fmean(result.steps[s].step_ms for s in b.profiled_steps)
-        parts = sum(getattr(b.median, k) for k in PARTITION)
-        assert parts == pytest.approx(measured, rel=0.10), (n, parts, measured)
-        assert b.median.step_ms == pytest.approx(measured, rel=0.10), (n, b.median.step_ms, measured)
+            # a rank's breakdown is the mean over its step windows
+            windows = _windows_ms(run_dir / trace_file_name(r.rank))
+            assert sorted(windows) == b.profiled_steps
+            assert r.step_ms == pytest.approx(statistics.fmean(windows.values()), rel=1e-6)
+        # rank 0's windows against rank 0's timer, which the result reports: a window opens after the previous
+        # step's timer mark and closes just after its own, so it lies within the timed interval
+        windows = _windows_ms(run_dir / trace_file_name(0))
+        for s in b.profiled_steps:
+            timed = result.steps[s].step_ms
+            assert windows[s] <= 1.01 * timed + 1.0, (n, s, windows[s], timed)
+            if s != b.profiled_steps[0]:  # the first one's interval also holds the profiler's start
+                assert windows[s] >= 0.9 * timed, (n, s, windows[s], timed)
+        assert b.median.step_ms == pytest.approx(statistics.median(r.step_ms for r in b.per_rank), rel=1e-9)
 
 
 def test_fp8_run_shows_casts_and_fp8_gemms_fp32_runs_none(runs):
