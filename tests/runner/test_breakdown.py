@@ -4,8 +4,9 @@ Three runs of the debug shape (6 steps: 1 warm-up, 2 timed, 3 profiled): fp8-ten
 float8), fp32 FSDP at N=2 and N=4. Tolerance (stated): a rank's categories add up to its profiled window
 exactly (a partition, 1e-6 relative), and rank 0's step windows lie within the intervals the runner's own timer
 measured for the same steps: within 10% of each after the first profiled step (measured here: within 1%). The first
-profiled step's interval also holds the profiler's start, before its window: 2-40 ms on an idle machine, about 160
-ms with the suite's workers and ranks sharing two cores, so its window is only checked to lie within it.
+profiled step's interval also holds the profiler's start, before its window (2-40 ms on an idle machine; with the
+suite's workers and ranks sharing two cores, one run's three-step means differed by 53 ms, 247 against 300 ms), so
+its window is only checked to lie within it.
 """
 
 from __future__ import annotations
