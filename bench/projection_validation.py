@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO))
 
 from core.catalog.shapes import ModelShape  # noqa: E402
 from core.contracts.stacks import STACK_FIELDS  # noqa: E402
-from core.projection.model import projected_efficiency  # noqa: E402
+from core.projection.model import layout_family, projected_efficiency  # noqa: E402
 from core.projection.network import COMPUTE_UNITS as NETWORK_COMPUTE_UNITS  # noqa: E402
 from core.projection.network import Network  # noqa: E402
 from core.projection.step_model import GRAD_REDUCE_BYTES, Workload  # noqa: E402
@@ -358,15 +358,6 @@ def interval_scale(doublings: float, exponent: float = 0.5, span: float = math.i
     if d <= span:
         return d**exponent
     return span**exponent * math.sqrt(d / span)
-
-
-def layout_family(layout: str) -> str:
-    """pp, cp, or the data-parallel layout (fsdp, ddp, hsdp, tp+fsdp) a series' layout template belongs to."""
-    if layout.startswith("pp="):
-        return "pp (+tp, +cp)"
-    if layout.startswith("cp="):
-        return "cp"
-    return "hsdp" if layout.startswith("hsdp") else ("tp+fsdp" if layout.startswith("tp=") else layout)
 
 
 def source_scores(rows: list[dict], exponent: float = 0.5) -> dict[str, float]:

@@ -82,12 +82,16 @@
       .map((p) => `${esc(s.key.precision)} · ${esc(s.key.layout)} N=${p.num_devices}: E ${SB.fmt(100 * p.efficiency, 1)}% vs measured ${SB.fmt(100 * p.measured_efficiency, 1)}%`));
     // the stacks charged and the series charged the runner's stack for want of one
     const stacks = body.stacks || [];
-    const undescribed = [...new Set(body.series.flatMap((s) => s.notes.filter((t) => t.startsWith("measured on "))))];
+    const noted = (prefix) => [...new Set(body.series.flatMap((s) => s.notes.filter((t) => t.startsWith(prefix))))];
+    const undescribed = noted("measured on ");
+    // a layout family the published points were covered less often in than the interval promises
+    const intervals = noted("80% interval");
     el.innerHTML = `<div><b>Projection</b> (dashed) on <b>${esc(n.cluster)}</b>: ${esc(n.source)} · intra-node ${SB.fmt(net.intra_node_gb_per_s, 0)} GB/s,
       inter-node ${SB.fmt(n.inter_node_gb_per_s, 0)} GB/s per GPU, efficiency ${net.intra_node_efficiency}/${net.inter_node_efficiency},
       ${n.gpus_per_node} GPUs per node · <a href="/experiments/${state.id}/projection?format=csv">CSV</a>
       ${errors.length ? ` · model vs measured: ${errors.join("; ")}` : ""}</div>
-      <div id="projection-stacks">${stacks.map(esc).join(" · ")}${undescribed.length ? ` · <i>${undescribed.map(esc).join("; ")}</i>` : ""}</div>`;
+      <div id="projection-stacks">${stacks.map(esc).join(" · ")}${undescribed.length ? ` · <i>${undescribed.map(esc).join("; ")}</i>` : ""}</div>
+      <div id="projection-interval">${intervals.map(esc).join(" · ")}</div>`;
   }
 
   // Called by the experiment page after each scaling render (redrawn charts lose the projected lines).

@@ -31,6 +31,7 @@ from core.projection.constants import (
     CP_ATTENTION_COST,
     DEVICE_SPEED_CV,
     INTERVAL_EXPONENT,
+    INTERVAL_FAMILY_COVERAGE,
     INTERVAL_NESTED_COVERAGE,
     INTERVAL_Q_PP,
     INTERVAL_VALIDATED_DOUBLINGS,
@@ -315,6 +316,34 @@ def interval_half_width(n: int, n0: int) -> float:
     return INTERVAL_Q_PP / 100 * scale
 
 
+def layout_family(layout: str) -> str:
+    """The layout family a layout template's interval coverage is reported for: pipelined (with any tp and cp),
+    context parallel, or its data-parallel form (hsdp, tp+fsdp, fsdp, ddp)."""
+    pp, cp, tp = rank_degrees(layout)
+    if pp > 1:
+        return "pp (+tp, +cp)"
+    if cp > 1:
+        return "cp"
+    body = check_layout(layout).rsplit("+", 1)[-1] if tp == 1 else ""
+    return "hsdp" if body.startswith("hsdp") else ("tp+fsdp" if tp > 1 else body)
+
+
+def interval_family_note(layout: str) -> str | None:
+    """What the validation says of the interval for this layout's family, where it says less than the pooled
+    figure: fewer than 5 published points, or under 75% of them inside with each source left out."""
+    family = layout_family(layout)
+    inside, total = INTERVAL_FAMILY_COVERAGE.get(family, (0, 0))
+    where = f"layout family {family}"
+    if total == 0:
+        return f"80% interval: no published series of the {where} checks it"
+    share = f"{inside} of the {total} published points of the {where} ({inside / total:.0%}) fell inside it"
+    if total < 5:
+        return f"80% interval: {share} with each source left out, too few points to say more for these layouts"
+    if inside / total < 0.75:
+        return f"80% interval: {share} with each source left out: for these layouts it covers less than 80%"
+    return None
+
+
 def _point_note(w: Workload, n: int, n0: int, eff: float, optimizer_ms: float, optimizer0_ms: float) -> str | None:
     notes = []
     if eff > 1 + 1e-9:
@@ -562,6 +591,8 @@ def project_series(
         notes.append(f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}{why}")
     if not_finite:
         notes.append(f"the modelled step is not a finite number at N={', '.join(map(str, not_finite))}: left out")
+    if points and (family_note := interval_family_note(w.layout)):
+        notes.append(family_note)
     out = ProjectedSeries(
         key=series.key.model_copy(update={"layout": layout}) if relaid else series.key,
         baseline_num_devices=n0,

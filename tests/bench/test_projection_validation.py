@@ -195,6 +195,10 @@ def test_the_shipped_constants_are_the_recorded_fit():
     assert min(usable, key=lambda sh: sh["mean_interval_score_pp"])["exponent"] == projection.INTERVAL_EXPONENT
     coverage = report["variants"][report["shipped_variant"]]["nested_coverage"]
     assert math.isclose(projection.INTERVAL_NESTED_COVERAGE, coverage, abs_tol=5e-3)
+    families = report["variants"][report["shipped_variant"]]["per_family"]
+    recorded = {f: (round(v["nested_coverage"] * v["points"]), v["points"]) for f, v in families.items()}
+    assert recorded == projection.INTERVAL_FAMILY_COVERAGE
+    assert {projection.layout_family(s.workload.layout) for s in pv.load_published()} == set(recorded)
     assert report["largest_validated_num_devices"] == projection.VALIDATED_MAX_DEVICES
     assert (report["num_series"], report["num_sources"]) == (projection.VALIDATED_SERIES, projection.VALIDATED_SOURCES)
     series_miss = report["variants"][report["shipped_variant"]]["series_mean_abs_miss_pp"]

@@ -310,6 +310,7 @@ def test_the_projection_names_the_stack_it_charged(test_settings, api_token, bro
             page.goto(f"{url}/?poll_ms={POLL_MS}#/experiments/{r.json()['id']}")
             page.wait_for_selector("#chart-efficiency[data-projected-bands='1']", timeout=15_000)
             texts[name] = page.inner_text("#projection-stacks")
+            texts[f"{name} interval"] = page.inner_text("#projection-interval")
     assert texts["described"].startswith(
         "stack of command:megatron series: as the experiment's stacks describe it, distributed_optimizer=true, "
         "grad_reduce_bytes=2"
@@ -317,4 +318,6 @@ def test_the_projection_names_the_stack_it_charged(test_settings, api_token, bro
     assert "measured on command:megatron" not in texts["described"]
     assert texts["undescribed"].startswith("stack of every series: the scalebench runner's (FSDP2")
     assert "measured on command:megatron, projected with the scalebench runner's collectives" in texts["undescribed"]
+    # a ddp series: the family's few published points are named under the charts
+    assert "published points of the layout family ddp" in texts["described interval"]
     assert not errors, errors

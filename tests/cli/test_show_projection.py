@@ -75,6 +75,9 @@ def test_show_prints_the_projection_interval_beyond_the_measured_range(server, a
     )
     assert "on cluster h100-ib's network (cluster 'h100-ib' [cluster.network])" in " ".join(out.split())
     assert "; stack of every series: the scalebench runner's (FSDP2 as TorchTitan applies it)" in " ".join(out.split())
+    # an fsdp series: the caption says how often the interval held the published fsdp points
+    (family,) = [n for n in series["notes"] if n.startswith("80% interval")]
+    assert family in " ".join(out.split()) and "layout family fsdp" in family
     assert "extrapolat" not in out and "predicted" not in out
 
 

@@ -17,12 +17,18 @@ import pytest
 from core.analysis.scaling import RunPoint, build_report
 from core.catalog.shapes import SHAPES
 from core.contracts.clusters import load_clusters
-from core.projection.constants import COLLECTIVE_UNITS, STRAGGLER_TAIL, VALIDATED_MAX_DEVICES
+from core.projection.constants import (
+    COLLECTIVE_UNITS,
+    INTERVAL_FAMILY_COVERAGE,
+    STRAGGLER_TAIL,
+    VALIDATED_MAX_DEVICES,
+)
 from core.projection.model import (
     INTERVAL_EXPONENT,
     INTERVAL_Q_PP,
     INTERVAL_VALIDATED_DOUBLINGS,
     NetworkUsed,
+    layout_family,
     project_report,
 )
 from core.projection.network import (
@@ -367,6 +373,35 @@ def test_interval_contains_the_projection_and_widens_with_n():
     for n in counts:  # past the validated span of doublings the note says the width is assumed
         past = math.log2(n / 8) > INTERVAL_VALIDATED_DOUBLINGS and n <= VALIDATED_MAX_DEVICES
         assert (f"more than {INTERVAL_VALIDATED_DOUBLINGS:g} doublings from N0=8" in (p[n].note or "")) is past
+
+
+@pytest.mark.parametrize(
+    ("layout", "family"),
+    [
+        ("fsdp", "fsdp"),
+        ("ddp", "ddp"),
+        ("hsdp:shard=8", "hsdp"),
+        ("tp=2+fsdp", "tp+fsdp"),
+        ("tp=4", "tp+fsdp"),
+        ("cp=2+fsdp", "cp"),
+        ("pp=4+cp=2+tp=2+fsdp", "pp (+tp, +cp)"),
+        ("pp=1+fsdp", "fsdp"),
+    ],
+)
+def test_a_layout_belongs_to_the_family_the_validation_reports(layout, family):
+    assert layout_family(layout) == family
+
+
+def test_a_projection_says_where_its_family_was_covered_less_than_the_interval_promises():
+    report = projected(runs({8: 6000.0}), [8, 64, 512], layouts=["pp=2+fsdp"])
+    fsdp, pp = (next(s for s in report.series if s.key.layout == t) for t in ("fsdp", "pp=2+fsdp"))
+    inside, total = INTERVAL_FAMILY_COVERAGE["fsdp"]
+    assert inside / total < 0.75  # the recorded validation: fsdp points fell inside less often than 80%
+    (note,) = [n for n in fsdp.notes if n.startswith("80% interval")]
+    assert f"{inside} of the {total} published points of the layout family fsdp" in note
+    inside, total = INTERVAL_FAMILY_COVERAGE["pp (+tp, +cp)"]
+    assert inside / total >= 0.75 and total >= 5
+    assert not [n for n in pp.notes if n.startswith("80% interval")]
 
 
 def test_points_above_100_percent_from_one_device_say_why():
