@@ -219,6 +219,15 @@ def build_plan(
         notes.append(f"no option keeps efficiency >= {min_efficiency:g}")
     if dropped:
         notes.append(f"left out, their throughput gives no finite time or GPU-hours: {', '.join(dropped)}")
+    # where a projected option's layout family was held by the interval less often than it promises
+    with_projected = {(o.engine, o.precision, o.layout) for o in options if o.source == "projected"}
+    notes += dict.fromkeys(
+        n
+        for s in projected.series
+        if (s.key.engine, s.key.precision, s.key.layout) in with_projected
+        for n in s.notes
+        if n.startswith("80% interval")
+    )
     return Plan(
         tokens=tokens,
         max_gpus=max_gpus,

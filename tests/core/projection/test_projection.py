@@ -402,6 +402,11 @@ def test_a_projection_says_where_its_family_was_covered_less_than_the_interval_p
     inside, total = INTERVAL_FAMILY_COVERAGE["pp (+tp, +cp)"]
     assert inside / total >= 0.75 and total >= 5
     assert not [n for n in pp.notes if n.startswith("80% interval")]
+    # a plan with projected fsdp options carries the note once; one with measured options only does not
+    plan = build_plan(build_report(runs({8: 6000.0})), report, tokens=1e12, max_gpus=512)
+    assert [n for n in plan.notes if n.startswith("80% interval")] == [note]
+    measured_only = build_plan(build_report(runs({8: 6000.0})), report, tokens=1e12, max_gpus=8)
+    assert not [n for n in measured_only.notes if n.startswith("80% interval")]
 
 
 def test_points_above_100_percent_from_one_device_say_why():
