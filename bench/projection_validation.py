@@ -132,6 +132,9 @@ class Published:
     virtual_stages: int = 1  # interleaved pipeline schedule: model chunks per stage
     micro_batch_size: float | None = None  # sequences per pipeline micro-batch; None: no pipeline bubble modelled
     projected: dict[int, float] = field(default_factory=dict)
+    # the same configuration measured again by its publisher (a later release): (release, citation, points as
+    # `points`); not fitted on, compared in `remeasurement`
+    remeasured: tuple[tuple[str, str, dict[int, float]], ...] = ()
 
     @property
     def n0(self) -> int:
@@ -214,6 +217,10 @@ def load_published(directory: Path = PUBLISHED_DIR) -> list[Published]:
                     pipeline_stages=int(p.get("pipeline_stages", 1)),
                     virtual_stages=int(p.get("virtual_stages", 1)),
                     micro_batch_size=p.get("micro_batch_size"),
+                    remeasured=tuple(
+                        (r["release"], r["citation"], _per_gpu_tokens_per_sec({**s, "points": r["points"]}, p, shape))
+                        for r in s.get("remeasured", [])
+                    ),
                 )
             )
     return out
@@ -815,6 +822,50 @@ def mean_miss_floor(series: list[Published], floor: list[dict]) -> tuple[float, 
     return total / len(series), rows
 
 
+def remeasurement(series: list[Published], fitted: dict) -> dict:
+    """The same configuration measured twice by its publisher (a series' `remeasured` figures): at every N past N0
+    that both give, the two published E(N), how far apart they are, and the projections of each with the constants
+    fitted without that source (`fitted`: source -> constants). A model that gives one configuration at one N one E
+    misses the two figures by at least half their distance on average (|p - a| + |p - b| >= |a - b|); the shipped
+    model's own two projections differ only through the two measured steps at N0 (`projected_apart_pp`)."""
+    rows = []
+    for s in series:
+        for release, citation, points in s.remeasured:
+            again = replace(s, points=points)
+            c = fitted[s.source]
+            pub_a, pub_b = s.published_efficiency(), again.published_efficiency()
+            proj_a, proj_b = project(s, c), project(again, c)
+            for n in sorted(set(pub_a) & set(pub_b) - {s.n0, again.n0}):
+                rows.append(
+                    {
+                        "series": s.id,
+                        "release": release,
+                        "citation": citation,
+                        "num_devices": n,
+                        "published": pub_a[n],
+                        "published_again": pub_b[n],
+                        "apart_pp": 100 * abs(pub_a[n] - pub_b[n]),
+                        "miss_pp": 100 * (proj_a[n] - pub_a[n]),
+                        "miss_again_pp": 100 * (proj_b[n] - pub_b[n]),
+                        "projected_apart_pp": 100 * abs(proj_a[n] - proj_b[n]),
+                    }
+                )
+    if not rows:
+        return {"points": []}
+    apart = [r["apart_pp"] for r in rows]
+    return {
+        "points": rows,
+        "series": len({r["series"] for r in rows}),
+        "mean_apart_pp": statistics.fmean(apart),
+        "median_apart_pp": statistics.median(apart),
+        "max_apart_pp": max(apart),
+        "mean_floor_pp": statistics.fmean(apart) / 2,
+        "mean_abs_miss_pp": statistics.fmean(abs(r["miss_pp"]) for r in rows),
+        "mean_abs_miss_again_pp": statistics.fmean(abs(r["miss_again_pp"]) for r in rows),
+        "max_projected_apart_pp": max(r["projected_apart_pp"] for r in rows),
+    }
+
+
 def unknown_schedule_sources(series: list[Published]) -> list[str]:
     """Sources whose pipelined series do not publish their schedule (no bubble modelled for them)."""
     return sorted({s.source for s in series if s.pipeline_stages > 1 and (s.workload.micro_batch_size or 0) <= 0})
@@ -1073,7 +1124,36 @@ def markdown(report: dict) -> str:
             f"| {r['kind']} | {' vs '.join(r['series'])} | {r['from_num_devices']} | {r['num_devices']} | "
             f"{r['floor_pp']:.2f} |"
         )
-    return "\n".join(lines + [""])
+    return "\n".join(lines + ["", *_remeasurement_lines(report.get("remeasurement") or {})])
+
+
+def _remeasurement_lines(again: dict) -> list[str]:
+    """The same recipe measured twice: how far the publisher's two releases are apart, and the projections."""
+    rows = again.get("points") or []
+    if not rows:
+        return []
+    lines = [
+        "## The same recipe measured twice",
+        "",
+        f"{again['series']} series were measured again by their publisher in a later release, the same configuration "
+        "at the same GPU counts (the series' `remeasured` figures; not fitted on). At the "
+        f"{len(rows)} points past N0, the two releases' E(N) are {again['mean_apart_pp']:.2f} pp apart on average "
+        f"(median {again['median_apart_pp']:.2f}, largest {again['max_apart_pp']:.2f}): a model that gives one "
+        "configuration at one N one E misses the two figures by at least half that on average, "
+        f"**{again['mean_floor_pp']:.2f} pp** over these points. With the constants fitted without that source, "
+        f"the shipped model misses the fitted release by {again['mean_abs_miss_pp']:.2f} pp on average and the "
+        f"later one by {again['mean_abs_miss_again_pp']:.2f} pp; its two projections of a point differ by at most "
+        f"{again['max_projected_apart_pp']:.2f} pp (through the two measured steps at N0).",
+        "",
+        "| series | release | N | E published | E again | apart, pp | miss, pp | miss again, pp |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['series']} | {r['release']} | {r['num_devices']} | {r['published']:.4f} | "
+            f"{r['published_again']:.4f} | {r['apart_pp']:.2f} | {r['miss_pp']:+.2f} | {r['miss_again_pp']:+.2f} |"
+        )
+    return [*lines, ""]
 
 
 def _constants_text(c: dict) -> str:
@@ -1124,6 +1204,7 @@ def main() -> None:
     )
     floor = monotone_floor(series)
     mean_floor, mean_floor_rows = mean_miss_floor(series, floor)
+    again = remeasurement(series, variants[shipped]["fitted_per_held_out_source"])
     in_sample = loss(series, constants)
     report = {
         "date": f"{dt.date.today():%Y-%m-%d}",
@@ -1161,6 +1242,7 @@ def main() -> None:
         "monotone_floor_up_to_2304_pp": max((r["floor_pp"] for r in floor if r["num_devices"] <= 2304), default=0.0),
         "monotone_floor_series_mean_pp": mean_floor,
         "monotone_floor_series_mean_rows": mean_floor_rows,
+        "remeasurement": again,
         "wall_s": round(time.perf_counter() - t0, 1),
         "workers": args.workers,
         "python": platform.python_version(),

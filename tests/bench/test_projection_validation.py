@@ -469,3 +469,23 @@ def test_the_interval_is_checked_against_misses_whose_form_was_chosen_out_of_sam
     assert narrow["worst_miss_pp"] == worst
     check = report["selection_stability"]["interval_check"]
     assert check["points"] == report["variants"][report["shipped_variant"]]["num_points"]
+
+
+def test_a_configuration_measured_twice_is_compared_not_fitted():
+    series = pv.load_published()
+    twice = [s for s in series if s.remeasured]
+    assert {s.source for s in twice} == {"nvidia-dgxc"} and len(twice) == 6
+    assert len({s.id for s in series}) == len(series)  # a re-measurement is not a series of its own
+    constants = {"intra_node_efficiency": 0.6, "inter_node_efficiency": 0.5, "device_speed_cv": 0.01}
+    again = pv.remeasurement(series, {s.source: constants | {"collective_units": 0.0} for s in series})
+    rows = again["points"]
+    assert len(rows) == sum(len(set(s.points) & set(r[2]) - {s.n0}) for s in twice for r in s.remeasured)
+    for r in rows:
+        # one model's two projections and the two figures: |p - a| + |p' - b| >= |a - b| - |p - p'|
+        assert abs(r["miss_pp"]) + abs(r["miss_again_pp"]) >= r["apart_pp"] - r["projected_apart_pp"] - 1e-9
+        assert r["apart_pp"] == pytest.approx(100 * abs(r["published"] - r["published_again"]))
+    assert again["mean_floor_pp"] == pytest.approx(again["mean_apart_pp"] / 2)
+    # the 405B fp8 table's 2,304-GPU point: 12.35 s a step in v24.11.1, 11.20 s in v25.02
+    (far,) = [r for r in rows if (r["series"], r["num_devices"]) == ("dgxc-h100-405b-fp8", 2304)]
+    assert far["published"] == pytest.approx(0.9101, abs=1e-4)
+    assert far["published_again"] == pytest.approx(0.9821, abs=1e-4)
