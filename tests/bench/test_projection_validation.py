@@ -1,6 +1,6 @@
 """bench/published and bench/projection_validation.py on CPU: the validation set covers sources, vendors, layouts
 and scale, every series carries its citation, the evaluation's pieces behave, and the constants the product ships
-are the ones the recorded run fitted (bench/results/2026-12-06-projection-validation-interleaved.json)."""
+are the ones the recorded run fitted (bench/results/2026-12-06-projection-validation-dgxc.json)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ spec = importlib.util.spec_from_file_location("projection_validation", REPO / "b
 pv = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = pv  # its dataclasses look their module up
 spec.loader.exec_module(pv)
-RESULT = REPO / "bench" / "results" / "2026-12-06-projection-validation-interleaved.json"
+RESULT = REPO / "bench" / "results" / "2026-12-06-projection-validation-dgxc.json"
 ROW_FIELDS = (
     "id",
     "citation",
@@ -195,6 +195,8 @@ def test_the_shipped_constants_are_the_recorded_fit():
     assert min(usable, key=lambda sh: sh["mean_interval_score_pp"])["exponent"] == projection.INTERVAL_EXPONENT
     coverage = report["variants"][report["shipped_variant"]]["nested_coverage"]
     assert math.isclose(projection.INTERVAL_NESTED_COVERAGE, coverage, abs_tol=5e-3)
+    by_source = report["variants"][report["shipped_variant"]]["nested_coverage_source_mean"]
+    assert math.isclose(projection.INTERVAL_SOURCE_MEAN_COVERAGE, by_source, abs_tol=5e-3)
     families = report["variants"][report["shipped_variant"]]["per_family"]
     recorded = {f: (round(v["nested_coverage"] * v["points"]), v["points"]) for f, v in families.items()}
     assert recorded == projection.INTERVAL_FAMILY_COVERAGE
