@@ -491,3 +491,21 @@ def test_a_configuration_measured_twice_is_compared_not_fitted():
     (far,) = [r for r in rows if (r["series"], r["num_devices"]) == ("dgxc-h100-405b-fp8", 2304)]
     assert far["published"] == pytest.approx(0.9101, abs=1e-4)
     assert far["published_again"] == pytest.approx(0.9821, abs=1e-4)
+
+
+def test_the_widest_plannable_interval_is_scored_per_source_too():
+    """The recorded run's coverage at 4 pp from 8 to 1,024 GPUs, per point and averaged over sources, recomputed
+    from its own misses: a fixed width, so nothing is calibrated or nested."""
+    report = json.loads(RESULT.read_text())
+    v = report["variants"][report["shipped_variant"]]
+    span, p = v["interval_validated_doublings"], v["interval_exponent"]
+    q = 4 / pv.interval_scale(7.0, p, span)
+    inside: dict[str, list[bool]] = {}
+    for r in v["points"]:
+        inside.setdefault(r["source"], []).append(abs(r["miss_pp"]) <= q * pv.interval_scale(r["doublings"], p, span))
+    points = [x for xs in inside.values() for x in xs]
+    assert v["coverage_at_4_pp_from_8_to_1024"] == pytest.approx(sum(points) / len(points))
+    mean = sum(sum(xs) / len(xs) for xs in inside.values()) / len(inside)
+    assert v["source_mean_coverage_at_4_pp_from_8_to_1024"] == pytest.approx(mean)
+    # wider than the shipped interval, it covers more, per point and per source
+    assert mean >= v["nested_coverage_source_mean"] and sum(points) / len(points) >= v["nested_coverage"]
