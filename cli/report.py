@@ -20,6 +20,7 @@ from core.analysis.breakdown import ExperimentBreakdown
 from core.analysis.numerics import short_verdict
 from core.analysis.scaling import ScalingReport
 from core.analysis.time_to_loss import short_effective
+from core.projection.model import INTERVAL_NOTE_PREFIX
 
 
 def fetch_report(client: ApiClient, experiment_id: int) -> tuple[ScalingReport, list[dict[str, Any]]]:
@@ -143,7 +144,12 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
     stacks = list(projection.get("stacks", []))
     # and the layout families whose published points the interval held less often than it promises
     stacks += sorted(
-        {n for s in projection["series"] for n in s.get("notes", []) if n.startswith(("measured on ", "80% interval"))}
+        {
+            n
+            for s in projection["series"]
+            for n in s.get("notes", [])
+            if n.startswith(("measured on ", INTERVAL_NOTE_PREFIX))
+        }
     )
     on += "".join(f"; {escape(line)}" for line in stacks)
     table = Table(

@@ -85,7 +85,7 @@
     const noted = (prefix) => [...new Set(body.series.flatMap((s) => s.notes.filter((t) => t.startsWith(prefix))))];
     const undescribed = noted("measured on ");
     // a layout family the published points were covered less often in than the interval promises
-    const intervals = noted("80% interval");
+    const intervals = noted("80% interval: ");  // core.projection.model.INTERVAL_NOTE_PREFIX
     el.innerHTML = `<div><b>Projection</b> (dashed) on <b>${esc(n.cluster)}</b>: ${esc(n.source)} · intra-node ${SB.fmt(net.intra_node_gb_per_s, 0)} GB/s,
       inter-node ${SB.fmt(n.inter_node_gb_per_s, 0)} GB/s per GPU, efficiency ${net.intra_node_efficiency}/${net.inter_node_efficiency},
       ${n.gpus_per_node} GPUs per node · <a href="/experiments/${state.id}/projection?format=csv">CSV</a>

@@ -319,6 +319,10 @@ def interval_half_width(n: int, n0: int) -> float:
     return INTERVAL_Q_PP / 100 * scale
 
 
+# A projected series' note on its layout family's interval coverage starts so (the plan and the CLI pick it out).
+INTERVAL_NOTE_PREFIX = "80% interval: "
+
+
 def layout_family(layout: str) -> str:
     """The layout family a layout template's interval coverage is reported for: pipelined (with any tp and cp),
     context parallel, or its data-parallel form (hsdp, tp+fsdp, fsdp, ddp)."""
@@ -327,8 +331,10 @@ def layout_family(layout: str) -> str:
         return "pp (+tp, +cp)"
     if cp > 1:
         return "cp"
-    body = check_layout(layout).rsplit("+", 1)[-1] if tp == 1 else ""
-    return "hsdp" if body.startswith("hsdp") else ("tp+fsdp" if tp > 1 else body)
+    if tp > 1:
+        return "tp+fsdp"
+    body = check_layout(layout).rsplit("+", 1)[-1]  # fsdp, ddp, hsdp:shard=S (or tp=1)
+    return "hsdp" if body.startswith("hsdp") else body
 
 
 def interval_family_note(layout: str) -> str | None:
@@ -338,12 +344,12 @@ def interval_family_note(layout: str) -> str | None:
     inside, total = INTERVAL_FAMILY_COVERAGE.get(family, (0, 0))
     where = f"layout family {family}"
     if total == 0:
-        return f"80% interval: no published series of the {where} checks it"
+        return f"{INTERVAL_NOTE_PREFIX}no published series of the {where} checks it"
     share = f"{inside} of the {total} published points of the {where} ({inside / total:.0%}) fell inside it"
     if total < 5:
-        return f"80% interval: {share} with each source left out, too few points to say more for these layouts"
+        return f"{INTERVAL_NOTE_PREFIX}{share} with each source left out, too few points to say more for these layouts"
     if inside / total < 0.75:
-        return f"80% interval: {share} with each source left out: for these layouts it covers less than 80%"
+        return f"{INTERVAL_NOTE_PREFIX}{share} with each source left out: for these layouts it covers less than 80%"
     return None
 
 

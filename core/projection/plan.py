@@ -24,7 +24,7 @@ from core.analysis.scaling import ScalingReport
 from core.contracts.base import Frozen
 from core.contracts.specs import check_layout
 from core.projection.equal_loss import ratio_for, steps_ratios
-from core.projection.model import ProjectionReport
+from core.projection.model import INTERVAL_NOTE_PREFIX, ProjectionReport
 
 DEFAULT_MIN_EFFICIENCY = 0.9
 # The pipeline- and context-parallel forms a plan weighs by default beside each measured layout: projected from the
@@ -226,7 +226,7 @@ def build_plan(
         for s in projected.series
         if (s.key.engine, s.key.precision, s.key.layout) in with_projected
         for n in s.notes
-        if n.startswith("80% interval")
+        if n.startswith(INTERVAL_NOTE_PREFIX)
     )
     return Plan(
         tokens=tokens,
