@@ -507,5 +507,6 @@ def test_the_widest_plannable_interval_is_scored_per_source_too():
     assert v["coverage_at_4_pp_from_8_to_1024"] == pytest.approx(sum(points) / len(points))
     mean = sum(sum(xs) / len(xs) for xs in inside.values()) / len(inside)
     assert v["source_mean_coverage_at_4_pp_from_8_to_1024"] == pytest.approx(mean)
-    # wider than the shipped interval, it covers more, per point and per source
+    # on these figures it holds more than the shipped (nested) interval, per point and per source: the shares the
+    # report sets side by side (not a law: one fold's nested q, the NVIDIA source's 3.49 pp, is wider than 3.38)
     assert mean >= v["nested_coverage_source_mean"] and sum(points) / len(points) >= v["nested_coverage"]
