@@ -493,6 +493,28 @@ def test_a_configuration_measured_twice_is_compared_not_fitted():
     assert far["published_again"] == pytest.approx(0.9821, abs=1e-4)
 
 
+def test_the_recorded_report_is_the_rendering_of_its_recorded_figures():
+    report = json.loads(RESULT.read_text())
+    assert RESULT.with_suffix(".md").read_text() == pv.markdown(report)
+
+
+def test_the_worst_target_is_out_of_reach_where_one_recipe_was_measured_too_far_apart():
+    """Two figures a and b of one configuration at one N: a model's one E misses one of them by at least
+    |a - b| / 2, so a target tighter than that cannot hold on both."""
+    report = json.loads(RESULT.read_text())
+    far = pv._widest_twice(report)
+    assert (far["series"], far["num_devices"]) == ("dgxc-h100-405b-fp8", 2304)
+    assert far["apart_pp"] / 2 > pv.WORST_TARGET_PP > report["monotone_floor_up_to_2304_pp"]
+    assert pv._worst_met(report, 11.05) == "no (out of reach on both of one recipe's measurements)"
+    assert pv._worst_met(report, -2.9) == "yes"
+    # past the target's range the same point does not count; without it no floor reaches 3 pp
+    assert pv._widest_twice(report, up_to=2048)["apart_pp"] < 2 * pv.WORST_TARGET_PP
+    rest = [r for r in report["remeasurement"]["points"] if r is not far]
+    assert pv._worst_met(report | {"remeasurement": {"points": rest}}, 11.05) == "no"
+    assert pv._worst_met(report | {"monotone_floor_up_to_2304_pp": 3.5}, 11.05) == "no (out of reach on these figures)"
+    assert "by at least 3.60 pp" in pv.markdown(report)
+
+
 def test_the_widest_plannable_interval_is_scored_per_source_too():
     """The recorded run's coverage at 4 pp from 8 to 1,024 GPUs, per point and averaged over sources, recomputed
     from its own misses: a fixed width, so nothing is calibrated or nested."""
