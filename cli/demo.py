@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from rich.text import Text
+
 from cli.client import ApiClient, CliError
 from cli.plot import fetch_png
 from cli.report import fetch_projection, fetch_report, print_report
@@ -63,9 +65,7 @@ def run_demo(spec_path: Path, out_dir: Path, data_dir: Path) -> int:
     t0 = time.monotonic()
     spec = load_spec(spec_path)
     shutil.rmtree(data_dir, ignore_errors=True)
-    console.print(
-        f"[bold]scalebench demo[/bold]: starting the embedded stack (SQLite + filesystem broker in {data_dir})"
-    )
+    console.print(f"scalebench demo: starting the embedded stack (SQLite + filesystem broker in {data_dir})")
     with Stack(port=_free_port(), env=_demo_env(data_dir)) as stack:
         console.print(
             f"API {stack.url}, one worker on queues {', '.join(stack.queues)}, scheduler; "
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = run_demo(args.spec, args.out, args.data_dir.resolve())
     except (CliError, RuntimeError) as exc:
-        console.print(f"[red]demo failed:[/red] {exc}", highlight=False)
+        console.print(Text.assemble(("demo failed:", "red"), f" {exc}"), highlight=False)
         code = 1
     except KeyboardInterrupt:
         console.print("interrupted; the stack was stopped")

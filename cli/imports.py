@@ -183,7 +183,7 @@ def register(app: typer.Typer) -> None:
                 console.print_json(json.dumps(created))
                 return
             console.print(
-                f"experiment [bold]{created['id']}[/bold] ({created['name']}): {len(created['runs'])} runs imported "
+                f"experiment {created['id']} ({created['name']}): {len(created['runs'])} runs imported "
                 f"on {created['cluster']}",
                 highlight=False,
             )

@@ -95,7 +95,15 @@ def _row(o: dict[str, Any], with_cost: bool) -> list[str]:
     return cells + ([f"{o['cost']:,.0f}"] if with_cost else [])
 
 
-def plan_table(plan: dict[str, Any], every_option: bool = False) -> Table:
+LOSS_COLUMNS = ("time @ loss", "GPU-h @ loss")
+# Left out, first to last, while the table is wider than the terminal: the answer (N, precision, layout, E(N), time,
+# GPU-hours) stays whole rather than every column cut short. --json has them all.
+OPTIONAL_COLUMNS = ("GPU-h 80%", "time 80%", "GPU-h @ loss", "time @ loss", "X tok/s", "source", "cost")
+
+
+def plan_table(plan: dict[str, Any], every_option: bool = False, width: int | None = None) -> tuple[Table, list[str]]:
+    """The plan's rows as a table, and the columns left out of it: those at equal loss where no shown option has a
+    measured time to loss, then OPTIONAL_COLUMNS in turn while the table is wider than `width` (None: no limit)."""
     with_cost = plan["gpu_hour_cost"] is not None
     table = Table(
         title=f"Plan: {plan['tokens']:.3g} tokens, at most {plan['max_gpus']} GPUs",
@@ -104,7 +112,7 @@ def plan_table(plan: dict[str, Any], every_option: bool = False) -> Table:
         f"{plan['network']['cluster']} ({plan['network']['source']})",
         caption_justify="left",
     )
-    for col in (
+    columns = (
         "N",
         "precision",
         "layout",
@@ -115,15 +123,32 @@ def plan_table(plan: dict[str, Any], every_option: bool = False) -> Table:
         "time 80%",
         "GPU-hours",
         "GPU-h 80%",
-        "time @ loss",
-        "GPU-h @ loss",
-    ) + (("cost",) if with_cost else ()):
-        text_col = col in ("precision", "layout", "source")
-        table.add_column(col, justify="left" if text_col else "right", no_wrap=not text_col)
-    for row in plan["rows"]:
-        for o in row["options"] if every_option else [row["best"]] if row["best"] else []:
-            table.add_row(*_row(o, with_cost))
-    return table
+        *LOSS_COLUMNS,
+    ) + (("cost",) if with_cost else ())
+    rows = [_row(o, with_cost) for o in _shown(plan, every_option)]
+    keep = [i for i, col in enumerate(columns) if col not in LOSS_COLUMNS or any(r[i] != "-" for r in rows)]
+    hidden = []
+    cell = {i: max([len(columns[i]), *(len(r[i]) for r in rows)]) for i in range(len(columns))}
+    for col in OPTIONAL_COLUMNS:
+        # each column: its widest cell and one space each side, and a rule; one more rule closes the table
+        if width is None or sum(cell[i] + 3 for i in keep) + 1 <= width:
+            break
+        i = columns.index(col) if col in columns else -1
+        if i in keep:
+            keep.remove(i)
+            hidden.append(col)
+    for i in keep:
+        text_col = columns[i] in ("precision", "layout", "source")
+        # what still does not fit folds the text columns onto a second line, never a number
+        table.add_column(
+            columns[i],
+            justify="left" if text_col else "right",
+            no_wrap=not text_col,
+            overflow="fold" if text_col else "ellipsis",
+        )
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    return table, hidden
 
 
 def _shown(plan: dict[str, Any], every_option: bool) -> list[dict[str, Any]]:
@@ -133,14 +158,24 @@ def _shown(plan: dict[str, Any], every_option: bool) -> list[dict[str, Any]]:
 
 
 def print_plan(plan: dict[str, Any], every_option: bool = False) -> None:
-    console.print(plan_table(plan, every_option))
+    table, hidden = plan_table(plan, every_option, width=console.width)
+    console.print(table)
+    at_loss = any(o.get("time_at_equal_loss_hours") is not None for o in _shown(plan, every_option))
     console.print(
         "±80%, 80%: the projection's 80% prediction interval (from its misses on published results it "
-        "was not fitted to, leave one source out); measured points have none. @ loss: at equal loss, "
-        "fp8 needing steps_ratio x the tokens to reach the loss bf16 reaches with the budget (measured time to "
-        "loss; - where none was measured)",
+        "was not fitted to, leave one source out); measured points have none."
+        + (
+            " @ loss: at equal loss, fp8 needing steps_ratio x the tokens to reach the loss bf16 reaches with the "
+            "budget (measured time to loss; - where none was measured)"
+            if at_loss
+            else ""
+        ),
         highlight=False,
     )
+    if hidden:
+        console.print(
+            f"not shown at this terminal's width: {', '.join(hidden)} (--json has every field)", highlight=False
+        )
     for o in _shown(plan, every_option):
         if o.get("note"):
             console.print(f"† N={o['num_devices']} {_precision(o)} {o['layout']}: {o['note']}", highlight=False)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from cli.client import ApiClient
@@ -139,7 +138,7 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
     device (None when no series has such a point)."""
     net = projection["network"]
     size = net.get("max_devices")
-    on = f"the projection on cluster {escape(net['cluster'])}'s network ({escape(net['source'])})"
+    on = f"the projection on cluster {net['cluster']}'s network ({net['source']})"
     # the stacks it charged, and the series charged the runner's for want of one
     stacks = list(projection.get("stacks", []))
     # and the layout families whose published points the interval held less often than it promises
@@ -151,7 +150,7 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
             if n.startswith(("measured on ", INTERVAL_NOTE_PREFIX))
         }
     )
-    on += "".join(f"; {escape(line)}" for line in stacks)
+    on += "".join(f"; {line}" for line in stacks)
     table = Table(
         title="Projected beyond the measured range",
         title_justify="left",
@@ -178,7 +177,7 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
                 _num(p.get("efficiency"), ".1%"),
                 _interval(p.get("efficiency_low"), p.get("efficiency_high")),
                 _num(p.get("tokens_per_sec_per_device"), ",.0f"),
-                escape("; ".join(notes)),
+                "; ".join(notes),
             )
             rows += 1
     return table if rows else None

@@ -21,13 +21,16 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from cli.client import ApiClient, CliError
 from cli.report import fetch_breakdown, fetch_projection, fetch_report, print_report
 
 # Wide tables when the output is a file or a pipe (rich would wrap at 80 columns).
-console = Console(width=None if sys.stdout.isatty() else 120)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+# markup off: names, notes and error messages come from specs and the server, and a "[...]" in them (a TOML table,
+# a list of allowed values) is text to print, not a style
+console = Console(width=None if sys.stdout.isatty() else 120, markup=False)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120, markup=False)
 ServerOpt = Annotated[str | None, typer.Option("--server", envvar="SCALEBENCH_URL", help="API base URL.")]
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar="SCALEBENCH_TOKEN", help="API token (writes).")]
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -47,7 +50,7 @@ def cli_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except CliError as exc:
-            err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+            err_console.print(Text.assemble(("error:", "red"), f" {exc}"), highlight=False)
             raise typer.Exit(1) from None
 
     return wrapper
@@ -108,8 +111,7 @@ def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | 
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     created = client.post("/experiments", json=spec, headers=headers)
     console.print(
-        f"experiment [bold]{created['id']}[/bold] ({created['name']}): {len(created['runs'])} runs "
-        f"on {created['cluster']}",
+        f"experiment {created['id']} ({created['name']}): {len(created['runs'])} runs on {created['cluster']}",
         highlight=False,
     )
     for s in created.get("skipped") or []:
@@ -118,7 +120,7 @@ def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | 
             f"  skipped {engine}{s['precision']}/{s['layout']}/N={s['num_devices']}: {s['reason']}", highlight=False
         )
     if not created.get("dispatched", True):
-        console.print(f"[yellow]{created.get('dispatch_message')}[/yellow]")
+        console.print(str(created.get("dispatch_message")), style="yellow", highlight=False)
     return created
 
 
@@ -152,9 +154,9 @@ def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout
     """Progress bars per run (steps from its log) until every run ended; returns the experiment."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
-        TextColumn("{task.fields[state]}"),
+        TextColumn("{task.fields[state]}", markup=False),
         console=console,
         transient=False,
     ) as progress:
@@ -249,7 +251,7 @@ def register(app: typer.Typer) -> None:
             breakdown = fetch_breakdown(client, experiment_id)
             projection = fetch_projection(client, experiment_id)
         console.print(
-            f"experiment [bold]{exp['id']}[/bold] {exp['name']} on {exp['cluster']}: {exp['status']} "
+            f"experiment {exp['id']} {exp['name']} on {exp['cluster']}: {exp['status']} "
             f"({exp['num_runs']} runs, {exp['progress']:.0%} done)",
             highlight=False,
         )
