@@ -6,7 +6,11 @@
    Llama-3-8B dims with --layers layers, --seq-len tokens a step, compile; the CLI prints its tables;
 3. the served report (JSON, CSV, PNG) is saved, and the engine ratio R = X_torchtitan / X_scalebench read from it;
 4. bench/peer_torchtitan.py --systems titan on the same machine right after, the same shape, warm-up and timed
-   steps (the same inductor cache): TorchTitan driven directly, its figure beside the service's.
+   steps (the same inductor cache): TorchTitan driven directly, its figure beside the service's;
+5. with --project, what a user with one GPU asks next: the measured series projected onto a cluster the clusters
+   file describes but no worker serves (128 nodes x 8 of this device, one 400G InfiniBand NIC per GPU), measured
+   layout and pp=2 / cp=2 over it, with the 80% interval (GET /experiments/{id}/projection), and
+   `scalebench plan` for a 1T-token budget on up to 1,024 of them.
 
 Prints one table: per recipe, scalebench and TorchTitan through the service, R, TorchTitan direct, and
 service / direct for TorchTitan. Run from the repository root on the GPU node (wheels: scripts/offline-wheels.sh):
@@ -32,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import start_stack, stop_stack  # noqa: E402
+from core.projection.network import PLATFORM_OF_DEVICE  # noqa: E402
 
 RECIPES = {
     "bf16": "bf16",
@@ -41,12 +46,27 @@ RECIPES = {
 }  # our precision -> bench/peer_torchtitan.py's recipe
 
 
-def clusters_toml(device_name: str, smoke: bool) -> str:
+PROJECTION_CLUSTER = "gpu-cluster"  # described for the projection only: no worker consumes its queue
+PROJECTION_COUNTS = "8,64,512,1024"
+PROJECTION_LAYOUTS = "pp=2+fsdp,cp=2+fsdp"
+PLAN_TOKENS, PLAN_MAX_GPUS = "1T", 1024
+
+
+def clusters_toml(device_name: str, smoke: bool, project: bool = False) -> str:
     vendor, titan = ("cpu", "false") if smoke else ("nvidia", "true")
-    return (
+    text = (
         f'[[cluster]]\nname = "gpu-node"\nvendor = "{vendor}"\ndevice_name = "{device_name}"\n'
         f'gpus_per_node = 1\nmax_nodes = 1\nlauncher = "local"\ntorchtitan = {titan}\n'
     )
+    if project:
+        # the platform this device sits on (the CPU smoke check borrows the H200's), one 400G NIC per GPU
+        platform = next((p for match, p in PLATFORM_OF_DEVICE if match in device_name.lower()), "h200-hgx")
+        text += (
+            f'\n[[cluster]]\nname = "{PROJECTION_CLUSTER}"\nvendor = "{vendor}"\ndevice_name = "{device_name}"\n'
+            f'gpus_per_node = 8\nmax_nodes = 128\nlauncher = "slurm"\n\n'
+            f'[cluster.network]\nplatform = "{platform}"\nnic = "ib-400g"\n'
+        )
+    return text
 
 
 def spec_yaml(args: argparse.Namespace) -> str:
@@ -81,7 +101,7 @@ def spec_yaml(args: argparse.Namespace) -> str:
 
 
 def run_service(args: argparse.Namespace, out: Path, env: dict[str, str]) -> dict:
-    (out / "clusters.toml").write_text(clusters_toml(args.device_name, args.smoke))
+    (out / "clusters.toml").write_text(clusters_toml(args.device_name, args.smoke, args.project))
     (out / "spec.yaml").write_text(spec_yaml(args))
     env = env | {"SCALEBENCH_CLUSTERS_FILE": str(out / "clusters.toml")}
     proc, token = start_stack(env, args.port, out / "stack.log")
@@ -115,9 +135,51 @@ def run_service(args: argparse.Namespace, out: Path, env: dict[str, str]) -> dic
         runs = httpx.get(f"{url}/experiments/{exp_id}/runs?limit=100", headers=headers).json()["items"]
         details = [httpx.get(f"{url}/runs/{r['id']}", headers=headers).json() for r in runs]
         (out / "service_runs.json").write_text(json.dumps(details, indent=1))
+        if args.project:
+            project(url, token, headers, exp_id, out, env)
         return report
     finally:
         stop_stack(proc)
+
+
+def project(url: str, token: str, headers: dict[str, str], exp_id: int, out: Path, env: dict[str, str]) -> None:
+    """The measured series projected onto PROJECTION_CLUSTER (JSON), and `scalebench plan` on it (its tables, and
+    the plan as JSON)."""
+    query = {"cluster": PROJECTION_CLUSTER, "gpu_counts": PROJECTION_COUNTS, "layouts": PROJECTION_LAYOUTS}
+    r = httpx.get(f"{url}/experiments/{exp_id}/projection", params=query, headers=headers, timeout=120)
+    r.raise_for_status()
+    (out / "projection.json").write_text(json.dumps(r.json(), indent=1))
+    plan_query = {"cluster": PROJECTION_CLUSTER, "tokens": PLAN_TOKENS, "max_gpus": PLAN_MAX_GPUS}
+    r = httpx.get(f"{url}/experiments/{exp_id}/plan", params=plan_query, headers=headers, timeout=120)
+    r.raise_for_status()
+    (out / "plan.json").write_text(json.dumps(r.json(), indent=1))
+    cli = [sys.executable, "-m", "cli.main", "plan", str(exp_id), "--tokens", PLAN_TOKENS, "--max-gpus"]
+    cli += [str(PLAN_MAX_GPUS), "--cluster", PROJECTION_CLUSTER, "--server", url, "--token", token]
+    code = subprocess.run(cli, cwd=REPO, env=env).returncode
+    print(f"[engines] scalebench plan exited {code}", flush=True)
+
+
+def projection_table(projection: dict) -> str:
+    """Markdown: per projected series, X(N0) measured and E(N) with its 80% interval at each projected N."""
+    counts = [int(n) for n in PROJECTION_COUNTS.split(",")]
+    rows = [
+        "| engine | precision | layout | X(N0) tok/s | " + " | ".join(f"E({n}) [80%]" for n in counts) + " |",
+        "|---|---|---|---|" + "---|" * len(counts),
+    ]
+    for s in projection["series"]:
+        key, at = s["key"], {p["num_devices"]: p for p in s["points"] if p.get("status") == "projected"}
+        cells = []
+        for n in counts:
+            p = at.get(n)
+            lo, hi = (p or {}).get("efficiency_low"), (p or {}).get("efficiency_high")
+            band = f" [{lo:.1%}, {hi:.1%}]" if lo is not None and hi is not None else ""
+            cells.append("-" if p is None else f"{p['efficiency']:.1%}{band}")
+        x0 = s.get("baseline_tokens_per_sec")
+        rows.append(
+            f"| {key['engine']} | {key['precision']} | {key['layout']} | "
+            f"{'-' if x0 is None else format(x0, ',.0f')} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(rows)
 
 
 def run_direct(args: argparse.Namespace, out: Path, env: dict[str, str]) -> list[dict]:
@@ -191,6 +253,11 @@ def main() -> int:
     ap.add_argument("--direct-budget-s", type=float, default=200.0, help="bench/peer_torchtitan.py's --budget-s")
     ap.add_argument("--skip-direct", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the service path (debug shape, no TorchTitan)")
+    ap.add_argument(
+        "--project",
+        action="store_true",
+        help=f"also project onto {PROJECTION_CLUSTER} (128 nodes x 8 of this device) and plan {PLAN_TOKENS} tokens",
+    )
     args = ap.parse_args()
     if args.smoke:
         args.skip_direct, args.device_name = True, "cpu"
@@ -209,6 +276,8 @@ def main() -> int:
     direct = [] if args.skip_direct else run_direct(args, args.out, env)
     print(f"[engines] all done at {time.monotonic() - t0:.0f} s", flush=True)
     text = table(report, direct, args.seq_len)
+    if args.project and (args.out / "projection.json").is_file():
+        text += "\n\n" + projection_table(json.loads((args.out / "projection.json").read_text()))
     (args.out / "engines_table.md").write_text(text + "\n")
     print(text)
     shutil.rmtree(data, ignore_errors=True)
