@@ -162,8 +162,11 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
     series = [(s, _beyond_measured(s)) for s in projection["series"]]
     engines = len({_engine(s["key"]) for s, _ in series}) > 1
     for col in (*(["engine"] if engines else []), "precision", "layout", "N", "E(N)", "E(N) 80%", "tok/s/dev", "note"):
-        table.add_column(col, justify="left" if col in ("engine", "precision", "layout", "note") else "right")
+        text = col in ("engine", "precision", "layout", "note")
+        # numbers whole; a narrow terminal folds the text columns
+        table.add_column(col, justify="left" if text else "right", no_wrap=not text, overflow="fold")
     rows = 0
+    marks: dict[str, int] = {}  # a note repeats on many rows: a mark there, its text once under the table
     for s, beyond in series:
         k = s["key"]
         for p in beyond:
@@ -177,9 +180,10 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
                 _num(p.get("efficiency"), ".1%"),
                 _interval(p.get("efficiency_low"), p.get("efficiency_high")),
                 _num(p.get("tokens_per_sec_per_device"), ",.0f"),
-                "; ".join(notes),
+                " ".join(f"†{marks.setdefault(n, len(marks) + 1)}" for n in notes),
             )
             rows += 1
+    table.caption = f"{table.caption}" + "".join(f"; †{i}: {n}" for n, i in marks.items())
     return table if rows else None
 
 

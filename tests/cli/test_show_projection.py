@@ -68,7 +68,10 @@ def test_show_prints_the_projection_interval_beyond_the_measured_range(server, a
         assert cells[3] == f"{p['efficiency']:.1%}"
         assert cells[4] == f"{p['efficiency_low']:.1%}-{p['efficiency_high']:.1%}"
         assert cells[5] == f"{p['tokens_per_sec_per_device']:,.0f}"
-    assert "beyond the cluster's 512 devices" in " ".join(rows[1024]) and "beyond" not in " ".join(rows[512])
+    # a note is a mark on its rows and its text once under the table
+    flat = " ".join(out.split())
+    (mark,) = [m for m in rows[1024][6].split() if f"{m}: beyond the cluster's 512 devices" in flat]
+    assert mark not in rows[512][6].split()
     # the fits: no value at the cluster's 512 GPUs, a note pointing to the projection instead
     assert "N=512 is outside the measured range 8..64: the Amdahl/USL fits describe the measured range only" in (
         " ".join(out.split())
