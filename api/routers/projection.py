@@ -89,10 +89,16 @@ def _network(session: Session, clusters: dict[str, Cluster], exp: Experiment, na
             f"cluster {target!r} describes no network and {why}; name a cluster that has one or whose device is known",
             _usable(clusters),
         )
+    # one machine of one GPU says nothing of the nodes a larger cluster of it would have: the assumed platform's
+    source = f"assumed: {why}; cluster {target!r} describes no network"
+    node = cluster.gpus_per_node if cluster else NODE_SIZE_ASSUMED
+    if cluster and cluster.max_devices == 1:
+        node = NODE_SIZE_ASSUMED
+        source += f"; {node} GPUs a node as on that platform, the cluster being one GPU"
     return NetworkUsed(
         cluster=target,
-        source=f"assumed: {why}; cluster {target!r} describes no network",
-        gpus_per_node=cluster.gpus_per_node if cluster else NODE_SIZE_ASSUMED,
+        source=source,
+        gpus_per_node=node,
         max_devices=cluster.max_devices if cluster else None,
         inter_node_gb_per_s=inferred.inter_node_gb_per_s,
         network=inferred,

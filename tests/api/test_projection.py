@@ -65,6 +65,13 @@ vendor = "nvidia"
 device_name = "NVIDIA H100 80GB HBM3"
 gpus_per_node = 8
 max_nodes = 2
+
+[[cluster]]
+name = "h100-one-gpu"
+vendor = "nvidia"
+device_name = "NVIDIA H100 80GB HBM3"
+gpus_per_node = 1
+max_nodes = 1
 """ + networked_cluster_toml(
     "mi325x-roce", "AMD Instinct MI325X", 128, "mi325x-platform", nic="roce-400g", vendor="amd"
 )
@@ -241,6 +248,13 @@ def test_network_inferred_or_refused(api) -> None:
     exp = _import(api, "infer", [("compile", "bf16")], True)
     body = _ok(api.get(f"/experiments/{exp}/projection?cluster=h100-no-network&gpu_counts=16"))
     assert body["network"]["source"].startswith("assumed: h100-hgx + ib-400g")
+    assert body["network"]["gpus_per_node"] == 8 and "the cluster being one GPU" not in body["network"]["source"]
+    # a one-GPU machine: a larger cluster of it is assumed to have the platform's nodes of 8, not nodes of one
+    one = _ok(api.get(f"/experiments/{exp}/projection?cluster=h100-one-gpu&gpu_counts=8,16"))
+    assert one["network"]["gpus_per_node"] == 8 and one["network"]["max_devices"] == 1
+    assert one["network"]["source"].endswith("; 8 GPUs a node as on that platform, the cluster being one GPU")
+    bound = {p["num_devices"]: p["dp_bound"] for s in one["series"] for p in s["points"]}
+    assert (bound[8], bound[16]) == ("intra-node", "inter-node")
     cpu = api.post(
         "/experiments/import",
         json={
