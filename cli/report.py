@@ -9,6 +9,7 @@ Amdahl/USL fits describe the measured range only). `show` makes a fourth, the st
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from rich.console import Console
@@ -20,6 +21,16 @@ from core.analysis.numerics import short_verdict
 from core.analysis.scaling import ScalingReport
 from core.analysis.time_to_loss import short_effective
 from core.projection.model import INTERVAL_NOTE_PREFIX
+
+
+def add_columns(table: Table, columns: Iterable[str], left: Collection[str], numbers_whole: bool = True) -> None:
+    """The columns of a report table, `left` ones (text) left-aligned, the others (numbers) right-aligned. A terminal
+    too narrow for the table narrows the text columns (and, with numbers_whole False, for tables with more numbers
+    than a narrow terminal holds, every column), and a cell that no longer fits wraps or folds onto the next line: it
+    never ends in an ellipsis, so every cell is shown whole."""
+    for col in columns:
+        number = col not in left
+        table.add_column(col, justify="right" if number else "left", no_wrap=number and numbers_whole, overflow="fold")
 
 
 def fetch_report(client: ApiClient, experiment_id: int) -> tuple[ScalingReport, list[dict[str, Any]]]:
@@ -65,8 +76,7 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
         "step ms",
         "error",
     )
-    for col in cols:
-        table.add_column(col, justify="right" if col in ("run", "N", "seed", "tok/s/dev", "step ms") else "left")
+    add_columns(table, cols, left=("engine", "precision", "layout", "status", "error"))
     for r in sorted(runs, key=lambda r: (_engine(r), r["precision"], r["layout"], r["num_devices"], r["id"])):
         table.add_row(
             str(r["id"]),
@@ -91,18 +101,8 @@ def scaling_table(report: ScalingReport) -> Table:
         caption_justify="left",
     )
     engines = len({s.key.engine for s in report.series}) > 1
-    for col in (
-        *(["engine"] if engines else []),
-        "precision",
-        "layout",
-        "N",
-        "X tok/s",
-        "tok/s/dev",
-        "E(N)",
-        "MFU",
-        "status",
-    ):
-        table.add_column(col, justify="left" if col in ("engine", "precision", "layout", "status") else "right")
+    columns = (*(["engine"] if engines else []), "precision", "layout", "N", "X tok/s", "tok/s/dev", "E(N)", "MFU")
+    add_columns(table, (*columns, "status"), left=("engine", "precision", "layout", "status"))
     for s in report.series:
         for p in s.points:
             mfu = _num(p.mfu_vs_bf16_peak, ".1%") if p.mfu_vs_bf16_peak is not None else "n/a"
@@ -161,10 +161,8 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
     )
     series = [(s, _beyond_measured(s)) for s in projection["series"]]
     engines = len({_engine(s["key"]) for s, _ in series}) > 1
-    for col in (*(["engine"] if engines else []), "precision", "layout", "N", "E(N)", "E(N) 80%", "tok/s/dev", "note"):
-        text = col in ("engine", "precision", "layout", "note")
-        # numbers whole; a narrow terminal folds the text columns
-        table.add_column(col, justify="left" if text else "right", no_wrap=not text, overflow="fold")
+    columns = (*(["engine"] if engines else []), "precision", "layout", "N", "E(N)", "E(N) 80%", "tok/s/dev", "note")
+    add_columns(table, columns, left=("engine", "precision", "layout", "note"))
     rows = 0
     marks: dict[str, int] = {}  # a note repeats on many rows: a mark there, its text once under the table
     for s, beyond in series:
@@ -194,8 +192,11 @@ def engine_ratio_table(report: ScalingReport) -> Table:
         caption="the same model, precision, layout and N; above 1: the other engine is faster",
         caption_justify="left",
     )
-    for col in ("engine", "precision", "layout", "N", "tok/s", "scalebench tok/s", "ratio"):
-        table.add_column(col, justify="left" if col in ("engine", "precision", "layout") else "right")
+    add_columns(
+        table,
+        ("engine", "precision", "layout", "N", "tok/s", "scalebench tok/s", "ratio"),
+        ("engine", "precision", "layout"),
+    )
     for r in report.engine_ratios:
         table.add_row(
             r.engine,
@@ -222,8 +223,9 @@ def speedup_table(report: ScalingReport) -> Table:
         caption_justify="left",
     )
     cols = ("fp8 recipe", "layout", "N", "fp8 tok/s", "bf16 tok/s", "speedup", "steps ratio", "at equal loss")
-    for col in (*cols, "fp8 loss vs bf16"):
-        table.add_column(col, justify="left" if col in ("fp8 recipe", "layout", "fp8 loss vs bf16") else "right")
+    add_columns(
+        table, (*cols, "fp8 loss vs bf16"), left=("fp8 recipe", "layout", "fp8 loss vs bf16"), numbers_whole=False
+    )
     for sp in report.speedups:
         loss = (
             short_verdict(sp.loss_numerics)
@@ -268,8 +270,8 @@ def breakdown_table(breakdown: ExperimentBreakdown) -> Table:
         caption="step = GEMMs + fp8 amax/scale/cast + attention + elementwise + optimizer + exposed "
         "comm + idle; comm = exposed + overlapped (any collective running); exp% = exposed / step",
     )
-    for col in ("precision", "layout", "N", *(c for c, _ in BREAKDOWN_COLUMNS), "exp%"):
-        table.add_column(col, justify="left" if col in ("precision", "layout") else "right", no_wrap=True)
+    columns = ("precision", "layout", "N", *(c for c, _ in BREAKDOWN_COLUMNS), "exp%")
+    add_columns(table, columns, ("precision", "layout"), numbers_whole=False)
     for s in breakdown.series:
         for p in s.points:
             table.add_row(

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.client import ApiClient, CliError
-from cli.report import fetch_breakdown, fetch_projection, fetch_report, print_report
+from cli.report import add_columns, fetch_breakdown, fetch_projection, fetch_report, print_report
 
 # Wide tables when the output is a file or a pipe (rich would wrap at 80 columns).
 # markup off: names, notes and error messages come from specs and the server, and a "[...]" in them (a TOML table,
@@ -218,8 +218,11 @@ def register(app: typer.Typer) -> None:
         with ApiClient(server, token) as client:
             page = client.get("/experiments", limit=limit, status=status)
         table = Table()
-        for col in ("id", "name", "cluster", "status", "runs", "progress", "created"):
-            table.add_column(col)
+        add_columns(
+            table,
+            ("id", "name", "cluster", "status", "runs", "progress", "created"),
+            left=("name", "cluster", "status", "created"),
+        )
         for e in page["items"]:
             table.add_row(
                 str(e["id"]),
