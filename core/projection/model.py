@@ -296,7 +296,24 @@ def projected_efficiency(
     the path project_series takes, without building its report (bench/projection_validation.py calls it
     thousands of times)."""
     step0_ms = w.tokens_per_step(n0) / tokens_per_sec_n0 * 1e3
-    model = _Model(w, net, gpus_per_node, n0, step0_ms, None)
+    return _efficiencies(_Model(w, net, gpus_per_node, n0, step0_ms, None), counts)
+
+
+def calibrated_efficiency(
+    w: Workload, net: Network, gpus_per_node: int, measured: Mapping[int, float], counts: Sequence[int]
+) -> tuple[dict[int, float], Calibration]:
+    """E(N) projected as project_series does with calibrate=True: from the smallest measured N (N0), after fitting
+    the inter-node efficiency and device speed spread to the measured points beyond it (`measured`: N -> global
+    tokens/s, N0's included); without a breakdown (bench/calibration_check.py)."""
+    n0 = min(measured)
+    step0_ms = w.tokens_per_step(n0) / measured[n0] * 1e3
+    calibration, model = _calibrate(_Model(w, net, gpus_per_node, n0, step0_ms, None), measured)
+    return _efficiencies(model, counts), calibration
+
+
+def _efficiencies(model: _Model, counts: Sequence[int]) -> dict[int, float]:
+    """E(N) against the model's own X(N0) (the measured one: the model passes through N0) at each N it can time."""
+    w, n0 = model.w, model.n0
     step0 = model.parts(n0).step_ms
     out = {}
     for n in counts:
@@ -652,6 +669,9 @@ def project_report(
         )
         out.append(ps)
         xs[s.key] = x
+        # the other layouts reuse the measured series' fit (the same points and network: the same result)
+        calibration = ps.calibration
+        fitted_net = net.network.model_copy(update=calibration.parameters) if calibration else net.network
         for layout in extra:
             key = s.key.model_copy(update={"layout": layout})
             if key in measured_keys or any(o.key == key for o in out):
@@ -659,16 +679,15 @@ def project_report(
             ps, x = project_series(
                 s,
                 spec,
-                net.network,
+                fitted_net,
                 net.gpus_per_node,
                 gpu_counts,
                 breakdown=bd,
-                calibrate=calibrate,
                 max_devices=net.max_devices,
                 layout=layout,
                 stack=charged,
             )
-            out.append(ps)
+            out.append(ps.model_copy(update={"calibration": calibration}))
             xs[key] = x
     out = [_with_speedups(ps, xs) for ps in out]
     return ProjectionReport(

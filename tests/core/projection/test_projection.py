@@ -28,8 +28,11 @@ from core.projection.model import (
     INTERVAL_Q_PP,
     INTERVAL_VALIDATED_DOUBLINGS,
     NetworkUsed,
+    calibrated_efficiency,
     layout_family,
     project_report,
+    project_series,
+    projected_efficiency,
 )
 from core.projection.network import (
     INTER_NODE_EFFICIENCY,
@@ -307,6 +310,40 @@ def test_calibration_recovers_the_factors_that_generated_the_points():
     )
     alone = projected(runs({8: 6000.0}), [64], calibrate=True).series[0].calibration
     assert not alone.fitted and "2 or more N" in alone.reason
+
+
+def test_calibrated_efficiency_is_the_reports_calibrated_projection():
+    truth = H100.model_copy(update={"inter_node_efficiency": 0.3, "device_speed_cv": 0.03})
+    made = pts(projected(runs({8: 6000.0}), [8, 32, 128], net=truth))
+    measured = {n: made[n].tokens_per_sec for n in (8, 32, 128)}  # global tokens/s
+    w = workload()
+    e, cal = calibrated_efficiency(w, H100, 8, measured, [8, 128, 1024])
+    report = projected(runs({n: x / n for n, x in measured.items()}), [1024], calibrate=True)
+    assert cal.fitted and cal.parameters == report.series[0].calibration.parameters
+    assert e[8] == pytest.approx(1.0) and e[1024] == pytest.approx(pts(report)[1024].efficiency, rel=1e-9)
+    # the fit follows the measured loss at 128; from N0 alone the model keeps its own defaults
+    alone = projected_efficiency(w, H100, 8, 8, measured[8], [128])
+    published = measured[128] / (measured[8] * 16)
+    assert abs(e[128] - published) < 0.2 * abs(alone[128] - published)
+    only_n0, none = calibrated_efficiency(w, H100, 8, {8: measured[8]}, [8, 1024])
+    assert not none.fitted and only_n0 == projected_efficiency(w, H100, 8, 8, measured[8], [8, 1024])
+
+
+def test_other_layouts_reuse_the_measured_series_calibration():
+    truth = H100.model_copy(update={"inter_node_efficiency": 0.3, "device_speed_cv": 0.03})
+    made = pts(projected(runs({8: 6000.0}), [8, 32, 128], net=truth))
+    rs = runs({n: made[n].tokens_per_sec_per_device for n in (8, 32, 128)})
+    report = projected(rs, [512], calibrate=True, layouts=["pp=2+fsdp", "cp=2+fsdp"])
+    measured = report.series[0].calibration
+    for layout in ("pp=2+fsdp", "cp=2+fsdp"):
+        (s,) = [s for s in report.series if s.key.layout == layout]
+        assert s.calibration == measured  # the fit of the measured points, not a refit per layout
+        alone, _ = project_series(
+            build_report(rs).series[0], SPEC, H100, 8, [512], calibrate=True, layout=layout
+        )  # fitted afresh, as before: the same points
+        assert {p.num_devices: p.efficiency for p in s.points} == pytest.approx(
+            {p.num_devices: p.efficiency for p in alone.points}, rel=1e-12
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- plan
