@@ -24,7 +24,7 @@ def fetch_plan(
     cluster: str | None = None,
     gpu_hour_cost: float | None = None,
     min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
-    calibrate: bool = False,
+    calibrate: bool = True,
     layouts: list[str] | None = None,
     stack: str | None = None,
 ) -> dict[str, Any]:
@@ -217,7 +217,10 @@ def register(app: typer.Typer) -> None:
         min_efficiency: Annotated[
             float, typer.Option(help="Efficiency floor of the cheapest plan (a fraction).")
         ] = DEFAULT_MIN_EFFICIENCY,
-        calibrate: Annotated[bool, typer.Option(help="Calibrate the projection to measured points.")] = False,
+        calibrate: Annotated[
+            bool,
+            typer.Option(help="Fit the projection to the measured points beyond N0 (--no-calibrate: from N0 alone)."),
+        ] = True,
         layouts: Annotated[
             list[str] | None,
             typer.Option(

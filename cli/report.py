@@ -139,6 +139,8 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
     net = projection["network"]
     size = net.get("max_devices")
     on = f"the projection on cluster {net['cluster']}'s network ({net['source']})"
+    if any((s.get("calibration") or {}).get("fitted") for s in projection["series"]):
+        on += ", fitted to the measured points beyond N0 (scalebench plan --no-calibrate: from N0 alone)"
     # the stacks it charged, and the series charged the runner's for want of one
     stacks = list(projection.get("stacks", []))
     # and the layout families whose published points the interval held less often than it promises
@@ -178,7 +180,7 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
                 _num(p.get("efficiency"), ".1%"),
                 _interval(p.get("efficiency_low"), p.get("efficiency_high")),
                 _num(p.get("tokens_per_sec_per_device"), ",.0f"),
-                " ".join(f"†{marks.setdefault(n, len(marks) + 1)}" for n in notes),
+                " ".join(f"†{i}" for i in sorted(marks.setdefault(n, len(marks) + 1) for n in notes)),
             )
             rows += 1
     table.caption = f"{table.caption}" + "".join(f"; †{i}: {n}" for n, i in marks.items())

@@ -146,10 +146,12 @@ def get_projection(
         bool,
         Query(
             description=(
-                "Fit the inter-node efficiency and device speed spread to the measured points beyond N0 first."
+                "Fit the inter-node efficiency and device speed spread to the measured points beyond N0 first "
+                "(default: on; false projects from N0 alone). A series measured at N0 only is projected from it "
+                "either way."
             )
         ),
-    ] = False,
+    ] = True,
     layouts: Annotated[
         str | None,
         Query(
@@ -200,7 +202,9 @@ def get_plan(
     min_efficiency: Annotated[
         float, Query(gt=0, le=1, description=("Efficiency E(N) the cheapest plan must keep (a fraction)."))
     ] = DEFAULT_MIN_EFFICIENCY,
-    calibrate: Annotated[bool, Query(description="Calibrate the projection first (see /projection).")] = False,
+    calibrate: Annotated[
+        bool, Query(description="Calibrate the projection first (see /projection; default: on).")
+    ] = True,
     layouts: Annotated[
         str | None,
         Query(
