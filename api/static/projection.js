@@ -86,9 +86,11 @@
     const undescribed = noted("measured on ");
     // a layout family the published points were covered less often in than the interval promises
     const intervals = noted("80% interval: ");  // core.projection.model.INTERVAL_NOTE_PREFIX
+    // calibrated (the default) where the series has measured points beyond N0
+    const fitted = body.series.some((s) => s.calibration && s.calibration.fitted);
     el.innerHTML = `<div><b>Projection</b> (dashed) on <b>${esc(n.cluster)}</b>: ${esc(n.source)} · intra-node ${SB.fmt(net.intra_node_gb_per_s, 0)} GB/s,
       inter-node ${SB.fmt(n.inter_node_gb_per_s, 0)} GB/s per GPU, efficiency ${net.intra_node_efficiency}/${net.inter_node_efficiency},
-      ${n.gpus_per_node} GPUs per node · <a href="/experiments/${state.id}/projection?format=csv">CSV</a>
+      ${n.gpus_per_node} GPUs per node${fitted ? " · fitted to the measured points beyond N0" : ""} · <a href="/experiments/${state.id}/projection?format=csv">CSV</a>
       ${errors.length ? ` · model vs measured: ${errors.join("; ")}` : ""}</div>
       <div id="projection-stacks">${stacks.map(esc).join(" · ")}${undescribed.length ? ` · <i>${undescribed.map(esc).join("; ")}</i>` : ""}</div>
       <div id="projection-interval">${intervals.map(esc).join(" · ")}</div>`;

@@ -168,6 +168,8 @@ def test_dashboard_draws_points_and_follows_status_live(server, api_token, pg_se
     page.wait_for_selector("#chart-efficiency[data-projected-bands='2']", timeout=15_000)
     assert int(_attr(page, "#chart-efficiency", "data-projected")) > 0
     assert _attr(page, "#chart-throughput", "data-projected-bands") == "2"  # bf16 and fp8-tensorwise
+    # measured at 8 and 128: the projection is fitted to the 128 (the default), and the note says so
+    assert "fitted to the measured points beyond N0" in page.inner_text("#projection-note")
     drawn = page.evaluate("""Chart.getChart(document.querySelector('#chart-efficiency canvas')).data.datasets
         .filter(d => d._projected).map(d => ({band: !!d._band, label: d.label, data: d.data.map(p => [p.x, p.y])}))""")
     assert len(drawn) == 6, drawn  # low edge, high edge and line for bf16 and fp8-tensorwise
