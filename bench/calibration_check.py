@@ -85,6 +85,18 @@ def summary(rows: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def per_source(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Source -> its number of later points and each reading's mean absolute miss over them (one publisher's many
+    cuts weigh as much as it has points in the pooled figures; here each source is one row)."""
+    out: dict[str, dict[str, float]] = {}
+    for source in sorted({row["source"] for row in rows}):
+        mine = [row for row in rows if row["source"] == source]
+        out[source] = {"points": len(mine)} | {
+            r: statistics.fmean(abs(row["miss_pp"][r]) for row in mine) for r in READINGS
+        }
+    return out
+
+
 def markdown(report: dict) -> str:
     s = report["summary"]
     lines = [
@@ -109,9 +121,21 @@ def markdown(report: dict) -> str:
             f"| {r} | {v['mean_abs_miss_pp']:.2f} | {v['mean_over_cuts_pp']:.2f} | {v['median_abs_miss_pp']:.2f} | "
             f"{v['worst_abs_miss_pp']:.2f} | {v['within_interval']:.0%} |"
         )
+    sources = report["per_source"]
     lines += [
         "",
         f"Calibrated is closer than from N0 alone at {s['calibrated']['closer_than_from_n0']:.0%} of the points.",
+        "",
+        "Per source (mean abs miss over its later points, pp; the pooled figures weigh a source by its points):",
+        "",
+        "| source | points | " + " | ".join(READINGS) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in READINGS) + " |",
+    ]
+    for source, v in sorted(sources.items(), key=lambda kv: -kv[1]["points"]):
+        lines.append(f"| {source} | {v['points']:.0f} | " + " | ".join(f"{v[r]:.2f}" for r in READINGS) + " |")
+    means = {r: statistics.fmean(v[r] for v in sources.values()) for r in READINGS}
+    lines += [
+        f"| mean over the {len(sources)} sources | | " + " | ".join(f"{means[r]:.2f}" for r in READINGS) + " |",
         "",
         "| series | measured up to | N | published E | from N0 alone | calibrated | continued | fitted |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -143,6 +167,7 @@ def main() -> None:
         "num_series": len(series),
         "num_cuts": len({(r["series"], r["measured_up_to"]) for r in rows}),
         "summary": summary(rows),
+        "per_source": per_source(rows),
         "rows": rows,
     }
     report["wall_s"] = time.monotonic() - t0

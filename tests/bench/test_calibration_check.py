@@ -33,7 +33,13 @@ def test_the_recorded_check_is_what_the_script_computes_and_renders() -> None:
     assert summary.keys() == recorded["summary"].keys()
     for reading, figures in summary.items():
         assert figures == pytest.approx(recorded["summary"][reading], abs=1e-12)
-    # what the default rests on: fitted to the measured points, the later ones are missed by less
+    sources = cc.per_source(rows)
+    assert sources.keys() == recorded["per_source"].keys()
+    for source, figures in sources.items():
+        assert figures == pytest.approx(recorded["per_source"][source], abs=1e-12)
+    # what the default rests on: fitted to the measured points, the later ones are missed by less, pooled and in
+    # most sources, not only in the publisher with the most points
+    assert sum(v["calibrated"] < v["from N0 alone"] for v in sources.values()) > len(sources) / 2
     assert summary["calibrated"]["mean_abs_miss_pp"] < summary["from N0 alone"]["mean_abs_miss_pp"]
     assert summary["calibrated"]["closer_than_from_n0"] > 0.5
 
