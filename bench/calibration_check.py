@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.projection_validation import Published, load_published, network_for  # noqa: E402
 from core.projection.constants import INTERVAL_Q_PP  # noqa: E402
-from core.projection.model import calibrated_efficiency, projected_efficiency  # noqa: E402
+from core.projection.model import calibrated_efficiency, projected_efficiency, spans_nodes  # noqa: E402
 
 VALIDATION = REPO / "bench" / "results" / "2026-12-06-projection-validation-dgxc.json"
 READINGS = ("from N0 alone", "calibrated", "continued")
@@ -54,6 +54,7 @@ def cuts(s: Published, constants: dict[str, float]) -> list[dict]:
             readings = (alone[n], cal[n], pub[nk] * alone[n] / alone[nk])
             rows.append(
                 {
+                    "across_nodes": spans_nodes(ns[: k + 1], ns[0], s.gpus_per_node),
                     "series": s.id,
                     "source": s.source,
                     "measured_up_to": nk,
@@ -124,7 +125,9 @@ def markdown(report: dict) -> str:
     sources = report["per_source"]
     lines += [
         "",
-        f"Calibrated is closer than from N0 alone at {s['calibrated']['closer_than_from_n0']:.0%} of the points.",
+        f"Calibrated is closer than from N0 alone at {s['calibrated']['closer_than_from_n0']:.0%} of the points. "
+        f"{report['num_cuts_across_nodes']} of the {report['num_cuts']} cuts have a measured point beyond N0 across "
+        "nodes (where the API calibrates unless told otherwise: core.projection.model.spans_nodes).",
         "",
         "Per source (mean abs miss over its later points, pp; the pooled figures weigh a source by its points):",
         "",
@@ -166,6 +169,7 @@ def main() -> None:
         "python": platform.python_version(),
         "num_series": len(series),
         "num_cuts": len({(r["series"], r["measured_up_to"]) for r in rows}),
+        "num_cuts_across_nodes": len({(r["series"], r["measured_up_to"]) for r in rows if r["across_nodes"]}),
         "summary": summary(rows),
         "per_source": per_source(rows),
         "rows": rows,

@@ -24,7 +24,7 @@ def fetch_plan(
     cluster: str | None = None,
     gpu_hour_cost: float | None = None,
     min_efficiency: float = DEFAULT_MIN_EFFICIENCY,
-    calibrate: bool = True,
+    calibrate: bool | None = None,
     layouts: list[str] | None = None,
     stack: str | None = None,
 ) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def fetch_plan(
         cluster=cluster,
         gpu_hour_cost=gpu_hour_cost,
         min_efficiency=min_efficiency,
-        calibrate=str(calibrate).lower(),
+        calibrate=None if calibrate is None else str(calibrate).lower(),
         layouts=None if layouts is None else ",".join(layouts),
         stack=stack,
     )
@@ -218,9 +218,14 @@ def register(app: typer.Typer) -> None:
             float, typer.Option(help="Efficiency floor of the cheapest plan (a fraction).")
         ] = DEFAULT_MIN_EFFICIENCY,
         calibrate: Annotated[
-            bool,
-            typer.Option(help="Fit the projection to the measured points beyond N0 (--no-calibrate: from N0 alone)."),
-        ] = True,
+            bool | None,
+            typer.Option(
+                "--calibrate/--no-calibrate",
+                help="Fit the projection to the measured points beyond N0 (--no-calibrate: from N0 alone). "
+                "Default: where a measured point beyond N0 spans nodes.",
+                show_default=False,
+            ),
+        ] = None,
         layouts: Annotated[
             list[str] | None,
             typer.Option(

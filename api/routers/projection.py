@@ -143,15 +143,16 @@ def get_projection(
         ),
     ] = None,
     calibrate: Annotated[
-        bool,
+        bool | None,
         Query(
             description=(
-                "Fit the inter-node efficiency and device speed spread to the measured points beyond N0 first "
-                "(default: on; false projects from N0 alone). A series measured at N0 only is projected from it "
-                "either way."
+                "Fit the inter-node efficiency and device speed spread to the measured points beyond N0 first. "
+                "Unset (default): for each series with a measured point beyond N0 across nodes (where a check on "
+                "published series found it projects the larger N better); true: for every series measured beyond "
+                "N0; false: never, each series from its N0 alone."
             )
         ),
-    ] = True,
+    ] = None,
     layouts: Annotated[
         str | None,
         Query(
@@ -203,8 +204,8 @@ def get_plan(
         float, Query(gt=0, le=1, description=("Efficiency E(N) the cheapest plan must keep (a fraction)."))
     ] = DEFAULT_MIN_EFFICIENCY,
     calibrate: Annotated[
-        bool, Query(description="Calibrate the projection first (see /projection; default: on).")
-    ] = True,
+        bool | None, Query(description="Calibrate the projection first (see /projection; unset: as there).")
+    ] = None,
     layouts: Annotated[
         str | None,
         Query(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from core.analysis.scaling import ScalingReport, Series, SeriesKey
@@ -404,6 +404,13 @@ def _around(value: float, width: float, bounds: tuple[float, float]) -> tuple[fl
     return max(bounds[0], value - width), min(bounds[1], value + width)
 
 
+def spans_nodes(measured: Iterable[int], n0: int, gpus_per_node: int) -> bool:
+    """Whether a measured N beyond N0 spans more than one node: where calibrate=None (the API's default) fits the
+    projection to the measured points. Every cut bench/calibration_check.py scores is such a case; a series
+    measured within one node only (1 to 8 GPUs) is projected from N0 unless calibrate=True asks."""
+    return any(n > n0 and n > gpus_per_node for n in measured)
+
+
 def _calibrate(model: _Model, measured: Mapping[int, float]) -> tuple[Calibration, _Model]:
     pts = {n: x for n, x in measured.items() if n != model.n0 and _fits(model.w, n)}
     if not pts:
@@ -499,7 +506,7 @@ def project_series(
     gpu_counts: Sequence[int],
     *,
     breakdown: Mapping[str, float] | None = None,
-    calibrate: bool = False,
+    calibrate: bool | None = False,
     max_devices: int | None = None,
     layout: str | None = None,
     stack: Mapping[str, StackValue] | None = None,
@@ -559,7 +566,7 @@ def project_series(
             f"N0={n0} ({step0_ms:.3g} ms): compute taken as 0, the projection does not pass through N0"
         )
     calibration = None
-    if calibrate:
+    if calibrate or (calibrate is None and spans_nodes(measured, n0, gpus_per_node)):
         calibration, model = _calibrate(model, measured)
         base = model.parts(n0)
     x0 = w.tokens_per_step(n0) / base.step_ms * 1e3  # the modelled X(N0): the measured one unless calibrated
@@ -639,7 +646,7 @@ def project_report(
     gpu_counts: Sequence[int],
     *,
     breakdowns: Mapping[tuple[str, str, int], Mapping[str, float]] | None = None,
-    calibrate: bool = False,
+    calibrate: bool | None = False,
     layouts: Sequence[str] = (),
     stack: Mapping[str, StackValue] | None = None,
 ) -> ProjectionReport:
@@ -647,7 +654,8 @@ def project_report(
     every measured series, its projection onto each of those layout templates (pp / cp ones included) that the
     experiment did not measure. `stack` describes the measured stack's data-parallel traffic and schedule for every
     series; without it a series is charged its engine's entry of the spec's `stacks`, else the scalebench runner's
-    (core.projection.stack)."""
+    (core.projection.stack). `calibrate`: True fits each series to its measured points beyond N0, False projects
+    from N0 alone, None fits the series with a measured point beyond N0 across nodes (spans_nodes)."""
     extra = list(dict.fromkeys(check_layout(t) for t in layouts))
     measured_keys = {s.key for s in report.series}
     out, xs = [], {}

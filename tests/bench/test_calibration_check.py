@@ -28,7 +28,11 @@ def test_the_recorded_check_is_what_the_script_computes_and_renders() -> None:
             want["measured_up_to"],
             want["num_devices"],
         )
-        assert got["miss_pp"] == pytest.approx(want["miss_pp"], abs=1e-9)
+        assert (
+            got["miss_pp"] == pytest.approx(want["miss_pp"], abs=1e-9) and got["across_nodes"] == want["across_nodes"]
+        )
+    # the default calibrates where a measured point beyond N0 spans nodes: every cut scored is such a case
+    assert recorded["num_cuts_across_nodes"] == recorded["num_cuts"] and all(r["across_nodes"] for r in rows)
     summary = cc.summary(rows)
     assert summary.keys() == recorded["summary"].keys()
     for reading, figures in summary.items():

@@ -33,6 +33,7 @@ from core.projection.model import (
     project_report,
     project_series,
     projected_efficiency,
+    spans_nodes,
 )
 from core.projection.network import (
     INTER_NODE_EFFICIENCY,
@@ -327,6 +328,16 @@ def test_calibrated_efficiency_is_the_reports_calibrated_projection():
     assert abs(e[128] - published) < 0.2 * abs(alone[128] - published)
     only_n0, none = calibrated_efficiency(w, H100, 8, {8: measured[8]}, [8, 1024])
     assert not none.fitted and only_n0 == projected_efficiency(w, H100, 8, 8, measured[8], [8, 1024])
+
+
+def test_unset_calibrate_fits_the_series_measured_across_nodes_only():
+    assert spans_nodes([8, 16], 8, 8) and spans_nodes([16, 32], 16, 8)  # N0 already spans nodes
+    assert not spans_nodes([1, 2, 4, 8], 1, 8) and not spans_nodes([8], 8, 8)
+    across = runs({8: 6000.0, 32: 5800.0})
+    within = runs({2: 6000.0, 8: 5700.0})
+    assert projected(across, [1024], calibrate=None).series[0].calibration.fitted
+    assert projected(within, [1024], calibrate=None).series[0].calibration is None
+    assert projected(within, [1024], calibrate=True).series[0].calibration.fitted
 
 
 def test_other_layouts_reuse_the_measured_series_calibration():
