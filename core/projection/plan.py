@@ -228,6 +228,18 @@ def build_plan(
         for n in s.notes
         if n.startswith(INTERVAL_NOTE_PREFIX)
     )
+    # which measured series the projection was fitted to (calibrate), so a reader knows what moved its points
+    measured_keys = {m.key for m in measured.series}
+    fitted = [
+        " ".join(([] if s.key.engine == "scalebench" else [s.key.engine]) + [s.key.precision, s.key.layout])
+        for s in projected.series
+        if s.calibration is not None and s.calibration.fitted and s.key in measured_keys
+    ]
+    if fitted:
+        notes.append(
+            f"projected after fitting to the measured points beyond N0: {', '.join(fitted)} "
+            "(calibrate=false, --no-calibrate: from N0 alone)"
+        )
     return Plan(
         tokens=tokens,
         max_gpus=max_gpus,

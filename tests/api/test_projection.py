@@ -178,6 +178,8 @@ def test_measured_points_beyond_n0_calibrate_the_projection_by_default(api) -> N
     row = {r["num_devices"]: r["best"]["efficiency"] for r in plan["rows"]}
     row_alone = {r["num_devices"]: r["best"]["efficiency"] for r in plan_alone["rows"]}
     assert row[1024] == pytest.approx(at[1024]["efficiency"], rel=1e-12) and row[1024] != row_alone[1024]
+    fitted = "projected after fitting to the measured points beyond N0: bf16 fsdp (calibrate=false"
+    assert any(n.startswith(fitted) for n in plan["notes"]) and not any("fitting" in n for n in plan_alone["notes"])
     # measured within one node only (2 to 8 GPUs): no published series checks that fit, so the default leaves it
     # from N0; calibrate=true still fits it
     body = {"name": "one node", "model": "8b", "cluster": "grand-teton-h100", "scaling": "weak", "seq_len": 8192}
