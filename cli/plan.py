@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from cli.client import ApiClient, CliError
+from cli.report import add_columns
 from cli.runs import ServerOpt, TokenOpt, cli_errors, console
 from core.contracts.stacks import STACK_FORM, parse_stack
 from core.projection.plan import DEFAULT_MIN_EFFICIENCY, parse_token_count
@@ -137,15 +138,8 @@ def plan_table(plan: dict[str, Any], every_option: bool = False, width: int | No
         if i in keep:
             keep.remove(i)
             hidden.append(col)
-    for i in keep:
-        text_col = columns[i] in ("precision", "layout", "source")
-        # what still does not fit folds the text columns onto a second line, never a number
-        table.add_column(
-            columns[i],
-            justify="left" if text_col else "right",
-            no_wrap=not text_col,
-            overflow="fold" if text_col else "ellipsis",
-        )
+    # what still does not fit narrows the text columns first and folds a cell, never cuts it (the report tables')
+    add_columns(table, [columns[i] for i in keep], left=("precision", "layout", "source"))
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     return table, hidden

@@ -183,7 +183,7 @@ def projection_table(projection: dict[str, Any]) -> Table | None:
                 " ".join(f"†{i}" for i in sorted(marks.setdefault(n, len(marks) + 1) for n in notes)),
             )
             rows += 1
-    table.caption = f"{table.caption}" + "".join(f"; †{i}: {n}" for n, i in marks.items())
+    table.caption = str(table.caption) + "".join(f"; †{i}: {n}" for n, i in marks.items())
     return table if rows else None
 
 
