@@ -106,7 +106,8 @@ def scaling_table(report: ScalingReport) -> Table:
     for s in report.series:
         for p in s.points:
             mfu = _num(p.mfu_vs_bf16_peak, ".1%") if p.mfu_vs_bf16_peak is not None else "n/a"
-            status = p.status + (f" ({', '.join(p.flags)})" if p.flags else "")
+            flags = [f for f in p.flags if f != p.status]  # "pending", "failed" are also flags: say them once
+            status = p.status + (f" ({', '.join(flags)})" if flags else "")
             table.add_row(
                 *([s.key.engine] if engines else []),
                 s.key.precision,
