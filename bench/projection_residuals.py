@@ -1,0 +1,263 @@
+"""What the projection's out-of-sample misses follow: stated features, and how much is each source's own.
+
+Reads the recorded leave-one-source-out validation (bench/projection_validation.py's JSON: the constants fitted
+without each source), projects every published series from its N0 with its fold's constants, and asks two
+questions of the 86 misses (miss = projected E(N) - published E(N), pp; > 0: the model is optimistic):
+
+1. Does a feature the sources state (doublings from N0, nodes at N0, the first crossing out of one node,
+   data-parallel ranks, tokens per device, the step at N0, weak or strong scaling) order the misses, and in the
+   same direction inside several sources? Pooled Spearman rank correlation, the Pearson correlation after taking
+   out each source's mean (within sources), and the correlation inside each source with 3 or more points.
+2. How much of the misses is a property of the source (its stack, its cluster) rather than of N? In sample and
+   so optimistic: the mean miss over series once each source's mean signed miss is taken out (one offset a
+   source), and once each source's loss per doubling is (miss = b x log2(N / N0), one slope a source, least
+   squares through the origin). A slope per source is what a measured point beyond N0 gives a projection
+   (core.projection.model's calibration).
+
+    python bench/projection_residuals.py [--validation JSON] [--out bench/results/DATE-projection-residuals]
+
+CPU, a few seconds; writes OUT.md and OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.projection_validation import Published, load_published, misses_pp  # noqa: E402
+
+VALIDATION = REPO / "bench" / "results" / "2026-12-06-projection-validation-dgxc.json"
+MIN_SOURCE_POINTS = 3  # a source's own correlation needs this many points with the feature varying
+
+
+def _gpus_per_domain(s: Published) -> int:
+    return int(s.network.get("nvlink_domain_gpus") or s.gpus_per_node)
+
+
+FEATURES: dict[str, Callable[[Published, int], float]] = {
+    "doublings log2(N / N0)": lambda s, n: math.log2(n / s.n0),
+    "log2 nodes at N0": lambda s, n: math.log2(math.ceil(s.n0 / _gpus_per_domain(s))),
+    "first crossing out of one node": lambda s, n: float(s.n0 <= _gpus_per_domain(s) < n),
+    "log2 data-parallel ranks at N": lambda s, n: math.log2(s.workload.degrees(n).dp_degree),
+    "log2 tokens per device per step": lambda s, n: math.log2(s.workload.tokens_per_step(n) / n),
+    "log2 step at N0 (s)": lambda s, n: math.log2(s.workload.tokens_per_step(s.n0) / (s.points[s.n0] * s.n0)),
+    "strong scaling": lambda s, n: float(s.workload.scaling == "strong"),
+}
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):  # ties share their mean rank
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def _pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    return statistics.correlation(x, y)
+
+
+def _demeaned(values: Sequence[float], groups: Sequence[str]) -> list[float]:
+    means = {g: statistics.fmean(v for v, h in zip(values, groups, strict=True) if h == g) for g in set(groups)}
+    return [v - means[g] for v, g in zip(values, groups, strict=True)]
+
+
+def rows_of(series: list[Published], fitted: dict[str, dict[str, float]]) -> list[dict]:
+    """One row per published point beyond N0: its series, source, doublings, miss and every feature."""
+    rows = []
+    for s in series:
+        for n, miss in misses_pp(s, fitted[s.source]).items():
+            rows.append(
+                {
+                    "series": s.id,
+                    "source": s.source,
+                    "num_devices": n,
+                    "doublings": math.log2(n / s.n0),
+                    "miss_pp": miss,
+                    "features": {name: f(s, n) for name, f in FEATURES.items()},
+                }
+            )
+    return rows
+
+
+def feature_table(rows: list[dict]) -> list[dict]:
+    misses = [r["miss_pp"] for r in rows]
+    sources = [r["source"] for r in rows]
+    out = []
+    for name in FEATURES:
+        x = [r["features"][name] for r in rows]
+        per_source = {}
+        for src in sorted(set(sources)):
+            idx = [i for i, s in enumerate(sources) if s == src]
+            r_src = _pearson([x[i] for i in idx], [misses[i] for i in idx]) if len(idx) >= MIN_SOURCE_POINTS else None
+            if r_src is not None:
+                per_source[src] = r_src
+        out.append(
+            {
+                "feature": name,
+                "spearman": _pearson(_ranks(x), _ranks(misses)),
+                "within_sources": _pearson(_demeaned(x, sources), _demeaned(misses, sources)),
+                "per_source": per_source,
+            }
+        )
+    return out
+
+
+def _series_mean(rows: list[dict], key: str) -> float:
+    by_series: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        by_series[r["series"]].append(abs(r[key]))
+    return statistics.fmean(statistics.fmean(v) for v in by_series.values())
+
+
+def _offset_slope(rs: list[dict]) -> tuple[float, float]:
+    """A group's mean signed miss, and its miss per doubling (least squares through N0)."""
+    offset = statistics.fmean(r["miss_pp"] for r in rs)
+    slope = sum(r["miss_pp"] * r["doublings"] for r in rs) / sum(r["doublings"] ** 2 for r in rs)
+    return offset, slope
+
+
+def source_effects(rows: list[dict]) -> dict:
+    """The mean miss over series as validated, less one offset or one slope a source: fitted on the source's own
+    points (in sample), and on the source's other series only (each series as a new series of a known stack and
+    cluster would be; a source of one series keeps its misses)."""
+    by_source: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_source[r["source"]].append(r)
+    per_source = {}
+    for src, rs in by_source.items():
+        offset, slope = _offset_slope(rs)
+        per_source[src] = {
+            "points": len(rs),
+            "series": len({r["series"] for r in rs}),
+            "mean_miss_pp": offset,
+            "miss_per_doubling_pp": slope,
+        }
+        for r in rs:
+            others = [o for o in rs if o["series"] != r["series"]]
+            off_out, slope_out = _offset_slope(others) if others else (0.0, 0.0)
+            r |= {
+                "less_offset_pp": r["miss_pp"] - offset,
+                "less_slope_pp": r["miss_pp"] - slope * r["doublings"],
+                "less_other_series_offset_pp": r["miss_pp"] - off_out,
+                "less_other_series_slope_pp": r["miss_pp"] - slope_out * r["doublings"],
+            }
+    return {
+        "series_mean_abs_miss_pp": _series_mean(rows, "miss_pp"),
+        "less_source_offset_pp": _series_mean(rows, "less_offset_pp"),
+        "less_source_slope_pp": _series_mean(rows, "less_slope_pp"),
+        "less_other_series_offset_pp": _series_mean(rows, "less_other_series_offset_pp"),
+        "less_other_series_slope_pp": _series_mean(rows, "less_other_series_slope_pp"),
+        "per_source": dict(sorted(per_source.items())),
+    }
+
+
+def _r(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
+
+
+def markdown(report: dict) -> str:
+    e = report["source_effects"]
+    lines = [
+        f"# What the projection's out-of-sample misses follow ({report['date']})",
+        "",
+        "```",
+        report["command"],
+        "```",
+        "",
+        f"CPU only, Python {report['python']}, {report['wall_s']:.2f} s. The constants fitted without each source "
+        f"come from `{report['validation']}` (variant: {report['variant']}); {report['num_points']} published "
+        f"points beyond each series' N0, {report['num_series']} series, {report['num_sources']} sources. "
+        "miss = projected E(N) - published E(N), pp (> 0: optimistic).",
+        "",
+        "## Stated features",
+        "",
+        "| feature | Spearman (all points) | Pearson within sources | inside each source with 3+ points |",
+        "| --- | --- | --- | --- |",
+    ]
+    for f in report["features"]:
+        inside = ", ".join(f"{src} {_r(r)}" for src, r in f["per_source"].items()) or "-"
+        lines.append(f"| {f['feature']} | {_r(f['spearman'])} | {_r(f['within_sources'])} | {inside} |")
+    lines += [
+        "",
+        "## Each source's own share",
+        "",
+        "One number a source taken out of its misses: fitted on the source's own points (in sample, so a bound on",
+        "what one number a source buys: a source of one point is then missed by nothing), and on the source's other",
+        "series only (a source of one series keeps its misses).",
+        "",
+        "| reading | mean abs miss over series, pp |",
+        "| --- | --- |",
+        f"| as validated (from N0 alone) | {e['series_mean_abs_miss_pp']:.2f} |",
+        f"| less one offset a source, in sample (its mean signed miss) | {e['less_source_offset_pp']:.2f} |",
+        f"| less one loss per doubling a source, in sample (its slope through N0) | {e['less_source_slope_pp']:.2f} |",
+        f"| less the offset of the source's other series | {e['less_other_series_offset_pp']:.2f} |",
+        f"| less the loss per doubling of the source's other series | {e['less_other_series_slope_pp']:.2f} |",
+        "",
+        "| source | series | points | mean signed miss, pp | miss per doubling, pp |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for src, v in e["per_source"].items():
+        lines.append(
+            f"| {src} | {v['series']} | {v['points']} | {v['mean_miss_pp']:+.2f} | {v['miss_per_doubling_pp']:+.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    import time
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--validation", type=Path, default=VALIDATION, help="a projection_validation.py JSON")
+    ap.add_argument("--out", type=Path, default=None, help="writes OUT.md and OUT.json")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    recorded = json.loads(args.validation.read_text())
+    variant = recorded["shipped_variant"]
+    fitted = recorded["variants"][variant]["fitted_per_held_out_source"]
+    series = load_published()
+    rows = rows_of(series, fitted)
+    report = {
+        "date": date.today().isoformat(),
+        "command": "python bench/projection_residuals.py"
+        + (f" --out {args.out.relative_to(REPO) if args.out.is_absolute() else args.out}" if args.out else ""),
+        "validation": str(args.validation.resolve().relative_to(REPO)),
+        "variant": variant,
+        "num_points": len(rows),
+        "num_series": len({r["series"] for r in rows}),
+        "num_sources": len({r["source"] for r in rows}),
+        "features": feature_table(rows),
+        "source_effects": source_effects(rows),
+        "rows": rows,
+    }
+    report["wall_s"] = time.perf_counter() - t0
+    report["python"] = platform.python_version()
+    text = markdown(report)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
