@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import markdown_head  # noqa: E402
 from bench.projection_validation import Published, load_published, network_for  # noqa: E402
 from core.projection.constants import INTERVAL_Q_PP  # noqa: E402
 from core.projection.model import calibrated_efficiency, projected_efficiency, spans_nodes  # noqa: E402
@@ -101,12 +102,10 @@ def per_source(rows: list[dict]) -> dict[str, dict[str, float]]:
 def markdown(report: dict) -> str:
     s = report["summary"]
     lines = [
-        f"# Calibration on measured points beyond N0, checked on published series ({report['date']})",
-        "",
-        "```",
-        report["command"],
-        "```",
-        "",
+        *markdown_head(
+            f"Calibration on measured points beyond N0, checked on published series ({report['date']})",
+            report["command"],
+        ),
         f"CPU only: Python {report['python']}, {report['wall_s']:.1f} s. Constants: fitted without each series' "
         f"source, from `{report['validation']}`. {report['num_series']} series of three or more published points, "
         f"cut after each of their points but the last: {report['num_cuts']} cuts, {len(report['rows'])} later "

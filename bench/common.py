@@ -176,3 +176,8 @@ def median_ms(fn, repeats: int = 10, warmup: int = 3) -> float:
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def markdown_head(title: str, command: str) -> list[str]:
+    """A recorded result's first lines: its title, then the command that reproduces it."""
+    return [f"# {title}", "", "```", command, "```", ""]

@@ -35,6 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.calibration_check import fold_constants  # noqa: E402
+from bench.common import markdown_head  # noqa: E402
 from bench.projection_validation import Published, load_published, misses_pp  # noqa: E402
 
 VALIDATION = REPO / "bench" / "results" / "2026-12-06-projection-validation-dgxc.json"
@@ -178,12 +180,7 @@ def _r(value: float | None) -> str:
 def markdown(report: dict) -> str:
     e = report["source_effects"]
     lines = [
-        f"# What the projection's out-of-sample misses follow ({report['date']})",
-        "",
-        "```",
-        report["command"],
-        "```",
-        "",
+        *markdown_head(f"What the projection's out-of-sample misses follow ({report['date']})", report["command"]),
         f"CPU only, Python {report['python']}, {report['wall_s']:.2f} s. The constants fitted without each source "
         f"come from `{report['validation']}` (variant: {report['variant']}); {report['num_points']} published "
         f"points beyond each series' N0, {report['num_series']} series, {report['num_sources']} sources. "
@@ -233,7 +230,7 @@ def main() -> None:
     t0 = time.perf_counter()
     recorded = json.loads(args.validation.read_text())
     variant = recorded["shipped_variant"]
-    fitted = recorded["variants"][variant]["fitted_per_held_out_source"]
+    fitted = fold_constants(recorded)
     series = load_published()
     rows = rows_of(series, fitted)
     report = {
