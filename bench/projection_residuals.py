@@ -8,15 +8,15 @@ questions of the 86 misses (miss = projected E(N) - published E(N), pp; > 0: the
    data-parallel ranks, tokens per device, the step at N0, weak or strong scaling) order the misses, and in the
    same direction inside several sources? Pooled Spearman rank correlation, the Pearson correlation after taking
    out each source's mean (within sources), and the correlation inside each source with 3 or more points.
-2. How much of the misses is a property of the source (its stack, its cluster) rather than of N? In sample and
-   so optimistic: the mean miss over series once each source's mean signed miss is taken out (one offset a
-   source), and once each source's loss per doubling is (miss = b x log2(N / N0), one slope a source, least
-   squares through the origin). A slope per source is what a measured point beyond N0 gives a projection
-   (core.projection.model's calibration).
+2. How much of the misses is a property of the source (its stack, its cluster) rather than of N? The mean miss
+   over series once each source's mean signed miss is taken out (one offset a source), and once each source's
+   loss per doubling is (miss = b x log2(N / N0), one slope a source, least squares through the origin): fitted
+   on the source's own points (in sample, so a bound on what one number a source buys), and on the source's
+   other series only (what a publisher's other series would tell a new series of the same stack and cluster).
 
     python bench/projection_residuals.py [--validation JSON] [--out bench/results/DATE-projection-residuals]
 
-CPU, a few seconds; writes OUT.md and OUT.json.
+CPU, under a second; writes OUT.md and OUT.json.
 """
 
 from __future__ import annotations
@@ -220,6 +220,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shown(path: Path) -> str:
+    """A path as a report names it: relative to the repository where it lies inside it."""
+    full = path.resolve()
+    return str(full.relative_to(REPO)) if full.is_relative_to(REPO) else str(path)
+
+
 def main() -> None:
     import time
 
@@ -235,9 +241,8 @@ def main() -> None:
     rows = rows_of(series, fitted)
     report = {
         "date": date.today().isoformat(),
-        "command": "python bench/projection_residuals.py"
-        + (f" --out {args.out.relative_to(REPO) if args.out.is_absolute() else args.out}" if args.out else ""),
-        "validation": str(args.validation.resolve().relative_to(REPO)),
+        "command": "python bench/projection_residuals.py" + (f" --out {_shown(args.out)}" if args.out else ""),
+        "validation": _shown(args.validation),
         "variant": variant,
         "num_points": len(rows),
         "num_series": len({r["series"] for r in rows}),
