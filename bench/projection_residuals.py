@@ -5,7 +5,8 @@ without each source), projects every published series from its N0 with its fold'
 questions of the 86 misses (miss = projected E(N) - published E(N), pp; > 0: the model is optimistic):
 
 1. Does a feature the sources state (doublings from N0, nodes at N0, the first crossing out of one node,
-   data-parallel ranks, tokens per device, the step at N0, weak or strong scaling) order the misses, and in the
+   data-parallel ranks, tokens per device, the step at N0, weak or strong scaling, the sequence length, the NIC
+   bandwidth per GPU, the FLOP/s per GPU at N0, fp8, pipelined, AMD) order the misses, and in the
    same direction inside several sources? Pooled Spearman rank correlation, the Pearson correlation after taking
    out each source's mean (within sources), and the correlation inside each source with 3 or more points.
 2. How much of the misses is a property of the source (its stack, its cluster) rather than of N? The mean miss
@@ -13,6 +14,8 @@ questions of the 86 misses (miss = projected E(N) - published E(N), pp; > 0: the
    loss per doubling is (miss = b x log2(N / N0), one slope a source, least squares through the origin): fitted
    on the source's own points (in sample, so a bound on what one number a source buys), and on the source's
    other series only (what a publisher's other series would tell a new series of the same stack and cluster).
+3. Does a stated feature, learnt across sources, carry the misses to a held-out source? The misses less
+   (b0 + b1 x feature) x log2(N / N0), fitted by least absolute deviations on the other sources' points.
 
     python bench/projection_residuals.py [--validation JSON] [--out bench/results/DATE-projection-residuals]
 
@@ -38,6 +41,7 @@ sys.path.insert(0, str(REPO))
 from bench.calibration_check import fold_constants  # noqa: E402
 from bench.common import markdown_head  # noqa: E402
 from bench.projection_validation import Published, load_published, misses_pp  # noqa: E402
+from core.projection.network import Network  # noqa: E402
 
 VALIDATION = REPO / "bench" / "results" / "2026-12-06-projection-validation-dgxc.json"
 MIN_SOURCE_POINTS = 3  # a source's own correlation needs this many points with the feature varying
@@ -45,6 +49,15 @@ MIN_SOURCE_POINTS = 3  # a source's own correlation needs this many points with 
 
 def _gpus_per_domain(s: Published) -> int:
     return int(s.network.get("nvlink_domain_gpus") or s.gpus_per_node)
+
+
+def _nic_gbit_per_gpu(s: Published) -> float:
+    net = Network(**s.network)  # a named platform and NIC resolve to their figures
+    return net.nic_gbit_per_s * net.nics_per_gpu
+
+
+def _flops_per_gpu_at_n0(s: Published) -> float:
+    return s.points[s.n0] * s.workload.model_shape().flops_per_token(s.workload.seq_len)
 
 
 FEATURES: dict[str, Callable[[Published, int], float]] = {
@@ -55,7 +68,15 @@ FEATURES: dict[str, Callable[[Published, int], float]] = {
     "log2 tokens per device per step": lambda s, n: math.log2(s.workload.tokens_per_step(n) / n),
     "log2 step at N0 (s)": lambda s, n: math.log2(s.workload.tokens_per_step(s.n0) / (s.points[s.n0] * s.n0)),
     "strong scaling": lambda s, n: float(s.workload.scaling == "strong"),
+    "log2 sequence length": lambda s, n: math.log2(s.workload.seq_len),
+    "log2 NIC Gb/s per GPU": lambda s, n: math.log2(_nic_gbit_per_gpu(s)),
+    "log2 FLOP/s per GPU at N0": lambda s, n: math.log2(_flops_per_gpu_at_n0(s)),
+    "fp8": lambda s, n: float("fp8" in s.workload.precision),
+    "pipelined": lambda s, n: float(s.workload.degrees(n).pp > 1),
+    "AMD": lambda s, n: float(s.vendor != "nvidia"),
 }
+LAD_ITERATIONS = 50  # iteratively reweighted least squares towards the least absolute deviations
+LAD_FLOOR_PP = 0.05  # a residual's weight is 1 / max(|residual|, this)
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
@@ -173,6 +194,54 @@ def source_effects(rows: list[dict]) -> dict:
     }
 
 
+def _lad(xs: list[tuple[float, ...]], ys: list[float]) -> tuple[float, ...]:
+    """Least absolute deviations through the origin, one or two coefficients (reweighted least squares)."""
+    k = len(xs[0])
+    weights = [1.0] * len(ys)
+    beta: tuple[float, ...] = (0.0,) * k
+    for _ in range(LAD_ITERATIONS):
+        a = [[sum(w * x[i] * x[j] for w, x in zip(weights, xs, strict=True)) for j in range(k)] for i in range(k)]
+        b = [sum(w * x[i] * y for w, x, y in zip(weights, xs, ys, strict=True)) for i in range(k)]
+        if k == 1:
+            beta = (b[0] / a[0][0],)
+        else:
+            det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
+            if abs(det) < 1e-12 * max(1.0, abs(a[0][0] * a[1][1])):  # the feature is one value: slope only
+                beta = (b[0] / a[0][0], 0.0)
+            else:
+                beta = ((b[0] * a[1][1] - b[1] * a[0][1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det)
+        weights = [
+            1 / max(abs(y - sum(c * v for c, v in zip(beta, x, strict=True))), LAD_FLOOR_PP)
+            for x, y in zip(xs, ys, strict=True)
+        ]
+    return beta
+
+
+def cross_source_corrections(rows: list[dict]) -> list[dict]:
+    """Each stated feature as a loss per doubling learnt from the other sources: miss ~ (b0 + b1 x feature) x
+    doublings, fitted by least absolute deviations on every source but the held-out one and taken off its misses
+    (the first row: b0 alone). The mean abs miss over series that is left, per feature."""
+    sources = sorted({r["source"] for r in rows})
+    out = []
+    for name in [None, *FEATURES]:
+        key = f"less_cross_source_{name}"
+
+        def x(r: dict, name: str | None = name) -> tuple[float, ...]:
+            d = r["doublings"]
+            return (d,) if name is None else (d, r["features"][name] * d)
+
+        for src in sources:
+            train = [r for r in rows if r["source"] != src]
+            beta = _lad([x(r) for r in train], [r["miss_pp"] for r in train])
+            for r in rows:
+                if r["source"] == src:
+                    r[key] = r["miss_pp"] - sum(c * v for c, v in zip(beta, x(r), strict=True))
+        out.append({"feature": name, "series_mean_abs_miss_pp": _series_mean(rows, key)})
+        for r in rows:
+            del r[key]
+    return out
+
+
 def _r(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}"
 
@@ -217,6 +286,19 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {src} | {v['series']} | {v['points']} | {v['mean_miss_pp']:+.2f} | {v['miss_per_doubling_pp']:+.2f} |"
         )
+    lines += [
+        "",
+        "## A stated feature learnt across sources",
+        "",
+        "miss ~ (b0 + b1 x feature) x log2(N / N0), fitted by least absolute deviations on the other sources' points",
+        "and taken off the held-out source's misses (leave one source out, as the validation). The first row fits b0",
+        f"alone. As validated: {e['series_mean_abs_miss_pp']:.2f} pp.",
+        "",
+        "| feature | mean abs miss over series, pp |",
+        "| --- | --- |",
+    ]
+    for c in report["cross_source"]:
+        lines.append(f"| {c['feature'] or 'none (one loss per doubling)'} | {c['series_mean_abs_miss_pp']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -249,6 +331,7 @@ def main() -> None:
         "num_sources": len({r["source"] for r in rows}),
         "features": feature_table(rows),
         "source_effects": source_effects(rows),
+        "cross_source": cross_source_corrections(rows),
         "rows": rows,
     }
     report["wall_s"] = time.perf_counter() - t0

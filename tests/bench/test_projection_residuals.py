@@ -40,6 +40,11 @@ def test_the_recorded_analysis_is_what_the_script_computes_and_renders() -> None
         assert figures == pytest.approx(recorded["source_effects"]["per_source"][source], abs=1e-12)
     for key, value in effects.items():
         assert value == pytest.approx(recorded["source_effects"][key], abs=1e-12)
+    corrections = pr.cross_source_corrections(rows)
+    assert [c["feature"] for c in corrections] == [c["feature"] for c in recorded["cross_source"]]
+    assert [c["series_mean_abs_miss_pp"] for c in corrections] == pytest.approx(
+        [c["series_mean_abs_miss_pp"] for c in recorded["cross_source"]], abs=1e-9
+    )
 
 
 def test_a_source_offset_in_sample_is_zero_on_a_source_of_one_point() -> None:
@@ -56,3 +61,26 @@ def test_a_source_offset_in_sample_is_zero_on_a_source_of_one_point() -> None:
     assert effects["less_other_series_offset_pp"] == pytest.approx((2 + 2 + 2) / 3)
     # y's slope through N0: (1 x 1 + 3 x 2) / (1 + 4) = 1.4 a doubling
     assert effects["per_source"]["y"]["miss_per_doubling_pp"] == pytest.approx(1.4)
+
+
+def test_least_absolute_deviations_follow_the_line_not_the_outlier() -> None:
+    xs = [(d, f * d) for d, f in [(1, 0), (2, 0), (3, 0), (4, 0), (1, 1), (2, 1), (3, 1)]]
+    ys = [2 * d + 0.5 * fd for d, fd in xs]
+    ys[0] += 30  # one point far off the line (least squares would follow it)
+    b0, b1 = pr._lad(xs, ys)
+    assert (b0, b1) == pytest.approx((2.0, 0.5), abs=0.01)
+    # a feature of one value cannot be told from the slope: it gets no coefficient
+    assert pr._lad([(1.0, 1.0), (2.0, 2.0)], [1.0, 2.0]) == pytest.approx((1.0, 0.0))
+
+
+def test_a_feature_learnt_across_sources_is_taken_off_the_held_out_source() -> None:
+    rows = [
+        {"series": s, "source": src, "doublings": d, "miss_pp": m, "features": {n: 0.0 for n in pr.FEATURES}}
+        for s, src, d, m in [("a", "x", 1.0, 1.0), ("b", "y", 4.0, 8.0), ("c", "z", 2.0, 1.0)]
+    ]
+    (slope_only, *_) = pr.cross_source_corrections(rows)
+    assert slope_only["feature"] is None
+    # through the origin, the LAD slope of two points is the ratio of the one with more doublings:
+    # x less 8/4 = 2 a doubling: |1 - 2| = 1; y less 1/2 a doubling: |8 - 2| = 6; z less 2: |1 - 4| = 3
+    # (to within the reweighting's floor, LAD_FLOOR_PP; least squares would read 3.06)
+    assert slope_only["series_mean_abs_miss_pp"] == pytest.approx((1 + 6 + 3) / 3, abs=pr.LAD_FLOOR_PP)
