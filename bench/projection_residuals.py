@@ -224,21 +224,21 @@ def cross_source_corrections(rows: list[dict]) -> list[dict]:
     sources = sorted({r["source"] for r in rows})
     out = []
     for name in [None, *FEATURES]:
-        key = f"less_cross_source_{name}"
 
         def x(r: dict, name: str | None = name) -> tuple[float, ...]:
             d = r["doublings"]
             return (d,) if name is None else (d, r["features"][name] * d)
 
+        left = []
         for src in sources:
             train = [r for r in rows if r["source"] != src]
             beta = _lad([x(r) for r in train], [r["miss_pp"] for r in train])
-            for r in rows:
-                if r["source"] == src:
-                    r[key] = r["miss_pp"] - sum(c * v for c, v in zip(beta, x(r), strict=True))
-        out.append({"feature": name, "series_mean_abs_miss_pp": _series_mean(rows, key)})
-        for r in rows:
-            del r[key]
+            left += [
+                {"series": r["series"], "left_pp": r["miss_pp"] - sum(c * v for c, v in zip(beta, x(r), strict=True))}
+                for r in rows
+                if r["source"] == src
+            ]
+        out.append({"feature": name, "series_mean_abs_miss_pp": _series_mean(left, "left_pp")})
     return out
 
 
