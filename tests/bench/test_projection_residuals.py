@@ -42,9 +42,8 @@ def test_the_recorded_analysis_is_what_the_script_computes_and_renders() -> None
         assert value == pytest.approx(recorded["source_effects"][key], abs=1e-12)
     corrections = pr.cross_source_corrections(rows)
     assert [c["feature"] for c in corrections] == [c["feature"] for c in recorded["cross_source"]]
-    assert [c["series_mean_abs_miss_pp"] for c in corrections] == pytest.approx(
-        [c["series_mean_abs_miss_pp"] for c in recorded["cross_source"]], abs=1e-9
-    )
+    for key in ("series_mean_abs_miss_pp", "least_squares_pp"):
+        assert [c[key] for c in corrections] == pytest.approx([c[key] for c in recorded["cross_source"]], abs=1e-9)
 
 
 def test_a_source_offset_in_sample_is_zero_on_a_source_of_one_point() -> None:
@@ -82,5 +81,7 @@ def test_a_feature_learnt_across_sources_is_taken_off_the_held_out_source() -> N
     assert slope_only["feature"] is None
     # through the origin, the LAD slope of two points is the ratio of the one with more doublings:
     # x less 8/4 = 2 a doubling: |1 - 2| = 1; y less 1/2 a doubling: |8 - 2| = 6; z less 2: |1 - 4| = 3
-    # (to within the reweighting's floor, LAD_FLOOR_PP; least squares would read 3.06)
+    # (to within the reweighting's floor, LAD_FLOOR_PP)
     assert slope_only["series_mean_abs_miss_pp"] == pytest.approx((1 + 6 + 3) / 3, abs=pr.LAD_FLOOR_PP)
+    # least squares through the origin: slopes 34/20, 3/5 and 33/17 leave |1 - 1.7|, |8 - 2.4| and |1 - 66/17|
+    assert slope_only["least_squares_pp"] == pytest.approx((0.7 + 5.6 + (66 / 17 - 1)) / 3)
