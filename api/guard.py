@@ -6,6 +6,9 @@ Order (cheapest refusal first, and nothing of the body is read or parsed before 
   429  the token spent its write budget (a token bucket per token; Retry-After says when to come back)
   415  a body that is not application/json (or +json) on a JSON endpoint
   413  a body above the limit: refused on Content-Length before reading, else while counting streamed bytes
+  422  a body the JSON parser refuses for a reason other than its syntax (an integer of more digits than Python
+       converts, bytes that are not UTF-8, nesting deeper than the parser recurses); FastAPI would answer those
+       400 with no field. A syntax error is left to FastAPI's 422 ("JSON decode error at character N").
 
 Routers use it with `APIRouter(route_class=GuardedRoute)`. The verified token is left on request.state for
 api.deps.require_token, so a write costs one token lookup.
@@ -14,7 +17,9 @@ api.deps.require_token, so a write costs one token lookup.
 from __future__ import annotations
 
 import email.message
+import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -124,6 +129,31 @@ async def _read_body(request: Request, limit_bytes: int) -> None:
     request._body = b"".join(chunks)  # Starlette's cache of request.body(): FastAPI parses it, not the stream
 
 
+def _not_json(reason: str) -> ProblemError:
+    message = f"not valid JSON: {reason}"
+    return ProblemError(422, f"invalid request: body: {message}", [FieldError(field="body", message=message)])
+
+
+def _parse_body(request: Request) -> None:
+    """Parse the body once, into Starlette's cache of request.json() (what FastAPI then validates)."""
+    body = request._body
+    if not body:
+        return
+    try:
+        request._json = json.loads(body)
+    except json.JSONDecodeError:
+        return  # FastAPI answers it, naming the character
+    except UnicodeDecodeError as exc:
+        where = f"byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+        raise _not_json(f"not {exc.encoding.upper()} text: {where} ({exc.reason})") from None
+    except RecursionError:
+        raise _not_json("arrays or objects nested too deeply") from None
+    except ValueError as exc:  # int() refuses more digits than sys.get_int_max_str_digits()
+        digits = sys.get_int_max_str_digits()
+        huge = "integer string conversion" in str(exc)
+        raise _not_json(f"an integer of more than {digits} digits" if huge else str(exc)[:200]) from None
+
+
 class GuardedRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -142,6 +172,7 @@ class GuardedRoute(APIRoute):
                 if _has_content(request):
                     _check_content_type(request)
                 await _read_body(request, settings.max_import_body_bytes if large else settings.max_body_bytes)
+                _parse_body(request)
             return await handler(request)
 
         return guarded

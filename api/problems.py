@@ -6,6 +6,7 @@ One place maps request validation errors, HTTP errors, domain errors and unexpec
 from __future__ import annotations
 
 import logging
+import math
 import re
 import typing
 from collections.abc import Mapping, Sequence
@@ -163,8 +164,24 @@ def _allowed(err: Mapping[str, Any], body_model: Any = None) -> list[Any] | None
     return None
 
 
+_BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+
+
+def _non_finite(value: Any) -> bool:
+    """NaN or an infinity, as a float or as the text of one (a query's 'nan', 'inf', '1e400')."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return False
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def _message(err: Mapping[str, Any]) -> str:
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if err.get("type") in _BOUND_ERRORS and _non_finite(err.get("input")):
+        # NaN compares false with every bound: pydantic names whichever bound it checked, not what is wrong
+        return f"must be a finite number, not {str(err.get('input'))[:40]!r}"
     if err.get("type") == "json_invalid":
         loc = err.get("loc", ())
         return f"{msg} at character {loc[-1]}" if loc and isinstance(loc[-1], int) else msg

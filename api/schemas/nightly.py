@@ -24,6 +24,7 @@ MetricName = Literal[
     "effective_speedup",
     "peak_memory_allocated_gib",
     "fp8_loss_gap",
+    "numerics",
     "run_status",
 ]
 WebhookEvent = Literal[
@@ -52,7 +53,8 @@ class SuiteCreate(_In):
     schedule: str = Field(
         DEFAULT_SCHEDULE,
         max_length=100,
-        description="5-field cron in UTC (minute hour day-of-month month day-of-week).",
+        description="5-field cron in UTC (minute hour day-of-month month day-of-week), or one of "
+        "@hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually.",
     )
     enabled: bool = True
     thresholds: dict[str, float] = Field(

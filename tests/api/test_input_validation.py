@@ -186,6 +186,17 @@ def test_non_finite_import_values_are_refused(client) -> None:
         assert r.status_code == 422 and field in _fields(r), (field, r.text)
 
 
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e400"])
+def test_a_non_finite_query_float_says_finite_and_names_the_parameter(client, value) -> None:
+    r = client.get(f"/experiments/1/plan?tokens=1T&max_gpus=8&gpu_hour_cost={value}")
+    assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["errors"] == [
+        {"field": "query.gpu_hour_cost", "message": f"must be a finite number, not {value!r}", "allowed": None}
+    ]
+    r = client.get("/experiments/1/plan?tokens=1T&max_gpus=8&gpu_hour_cost=2e6")  # finite: the bound it passed
+    assert r.json()["errors"][0]["message"] == "Input should be less than or equal to 1000000"
+
+
 # ------------------------------------------------------------------------------------------------- 5. types
 
 
@@ -422,6 +433,24 @@ def test_wrong_or_missing_content_type_is_415(client) -> None:
         assert "application/json" in r.json()["detail"] and r.json()["errors"][0]["field"] == "header.Content-Type"
     ok = client.post("/experiments", content=body, headers={"content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 201, ok.text
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (json.dumps(SPEC)[:-1].encode() + b', "seed": ' + b"7" * 5000 + b"}", "an integer of more than 4300 digits"),
+        (json.dumps(SPEC | {"name": "café"}, ensure_ascii=False).encode("latin-1"), "not UTF-8 text: byte 0xe9"),
+        (b"[" * 100_000 + b"]" * 100_000, "arrays or objects nested too deeply"),
+    ],
+    ids=["huge-integer", "not-utf8", "deep-nesting"],
+)
+def test_a_body_the_json_parser_refuses_is_a_422_naming_the_body(client, body, reason) -> None:
+    r = client.post("/experiments", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json"), r.text
+    [err] = r.json()["errors"]
+    assert err["field"] == "body" and err["message"].startswith(f"not valid JSON: {reason}"), err
+    assert r.json()["detail"] == f"invalid request: body: {err['message']}"
+    assert client.get("/experiments").json()["items"] == []
 
 
 # ------------------------------------------------------------------------------------------ 6. rate limit

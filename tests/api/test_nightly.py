@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import get_args
 
+from api.schemas.nightly import MetricName
+from db.suites import NIGHTLY_METRICS
 from tests.db.nights import T0, add_night, make_suite, noisy
 from worker.nightly import evaluate_finished
 
@@ -62,6 +65,32 @@ def test_bad_input_is_a_problem_naming_the_field(client):
     r = client.post("/webhooks", json={"url": "http://example.com/x", "events": ["regression.exploded"]})
     assert r.status_code == 422 and "regression.confirmed" in r.json()["errors"][0]["allowed"]
     assert client.get("/suites/999").status_code == 404 and client.get("/regressions/999").status_code == 404
+
+
+def test_every_nightly_metric_takes_a_threshold_and_filters_regressions(client):
+    assert set(get_args(MetricName)) == {*NIGHTLY_METRICS, "run_status"}
+    r = client.post("/suites", json={"name": "eff", "spec": SPEC, "thresholds": {"effective_speedup": 0.05}})
+    assert r.status_code == 201, r.text
+    assert r.json()["thresholds"] == {"effective_speedup": 0.05}
+    assert r.json()["effective_thresholds"]["effective_speedup"] == 0.05
+    r = client.post("/suites", json={"name": "a", "spec": SPEC, "thresholds": {"throughput": 0.1}})
+    assert r.json()["errors"][0]["allowed"] == list(NIGHTLY_METRICS)
+    for metric in get_args(MetricName):
+        assert client.get(f"/regressions?metric={metric}").status_code == 200, metric
+
+
+def test_schedule_errors_name_the_field_once_and_list_what_is_accepted(client):
+    r = client.post("/suites", json={"name": "a", "spec": SPEC, "schedule": "every night"})
+    assert r.status_code == 422
+    [err] = r.json()["errors"]
+    assert r.json()["detail"] == f"schedule: {err['message']}" and err["message"].startswith("'every night' has 2")
+    assert err["allowed"][1:] == ["@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"]
+    r = client.post("/suites", json={"name": "b", "spec": SPEC, "schedule": "0 0 31 2 *"})
+    assert r.json()["detail"].startswith("schedule: '0 0 31 2 *' never fires")
+    for i, alias in enumerate(err["allowed"][1:]):  # every alias listed is accepted
+        r = client.post("/suites", json={"name": f"alias-{i}", "spec": SPEC, "schedule": alias})
+        assert r.status_code == 201, (alias, r.text)
+    assert client.get("/suites").json()[-2]["schedule"] == "0 0 1 1 *"  # @yearly, stored as its expression
 
 
 def test_regressions_list_filter_history_acknowledge_resolve(client, anon_client, pg_session_factory):

@@ -61,7 +61,15 @@ def make_suite(
     return suite
 
 
-def result(spec: RunSpec, tps: float | None, env: dict, final_loss: float = 4.0, mem_gib: float = 2.0) -> RunResult:
+def result(
+    spec: RunSpec,
+    tps: float | None,
+    env: dict,
+    final_loss: float = 4.0,
+    mem_gib: float = 2.0,
+    curve: list[float] | None = None,
+) -> RunResult:
+    """One run's result; `curve` (the loss at steps 1..len) is recorded as step records and gives the final loss."""
     if tps is None:
         return RunResult.model_validate(
             {
@@ -84,12 +92,15 @@ def result(spec: RunSpec, tps: float | None, env: dict, final_loss: float = 4.0,
         tflops_per_device=0.1,
         peak_memory_allocated_gib=mem_gib,
     )
+    if curve is not None:
+        final_loss = curve[-1]
     return RunResult.model_validate(
         {
             "run_key": spec.run_key(),
             "status": "succeeded",
             "summary": summary,
-            "numerics": {"final_loss": final_loss, "loss_curve": [5.0, final_loss]},
+            "numerics": {"final_loss": final_loss, "loss_curve": curve or [5.0, final_loss]},
+            "steps": [{"step": i, "loss": loss} for i, loss in enumerate(curve or [], start=1)],
             "environment": env,
         }
     )

@@ -1,8 +1,11 @@
 """Detection over recorded nights on the real PostgreSQL: stable noise, a 10% drop, recovery, env diff,
-failures and the fp8 loss gap. Nights go through the suite's creation path and db.runs.record_result."""
+failures, the fp8 loss gap and the effective speedup. Nights go through the suite's creation path and
+db.runs.record_result."""
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from datetime import timedelta
 
@@ -148,3 +151,34 @@ def test_fp8_loss_drifting_from_bf16_beyond_its_limit(pg_session_factory):
         rows = regressions(s, metric="fp8_loss_gap")
         assert [r.status for r in rows] == ["confirmed", "confirmed"]  # nights 3 and 4, both N
         assert rows[0].value > 0.04 and "limit 0.02" in rows[0].message
+
+
+def loss_curve(rng: random.Random, stretch: float, num_steps: int = 200) -> list[float]:
+    """A falling loss curve with 1% noise a step; `stretch` times the steps to reach each loss."""
+    return [2.0 + 10.0 / math.sqrt(t / stretch + 10) * (1 + rng.gauss(0, 0.01)) for t in range(1, num_steps + 1)]
+
+
+def test_fp8_needing_more_steps_to_the_same_loss_is_an_effective_speedup_regression(pg_session_factory):
+    """fp8 keeps its throughput but needs 20% more steps to bf16's loss from night 8: the effective speedup
+    (S(N) / steps_ratio, from the runs' curves) drops and the nightly check flags it; the throughput metrics
+    do not move."""
+    with pg_session_factory() as s:
+        suite = make_suite(s)
+    base, rng = noisy(seed=6), random.Random(6)
+
+    def values(night, spec):
+        stretch = 1.2 if night >= 8 and spec.precision != "bf16" else 1.0
+        return base(night, spec) | {"curve": loss_curve(rng, stretch)}
+
+    run_nights(pg_session_factory, suite, range(8), values)
+    with pg_session_factory() as s:
+        assert regressions(s, metric="effective_speedup") == []
+    run_nights(pg_session_factory, suite, [8], values)
+    with pg_session_factory() as s:
+        rows = regressions(s, metric="effective_speedup")
+        assert [(r.status, r.point["precision"], r.point["num_devices"]) for r in rows] == [
+            ("suspected", "fp8-tensorwise", 1),
+            ("suspected", "fp8-tensorwise", 2),
+        ]
+        assert all(r.value < r.band_low and r.delta_pct < -8 for r in rows), [r.message for r in rows]
+        assert [r.message for r in regressions(s) if r.metric in ("tokens_per_sec", "fp8_speedup")] == []
