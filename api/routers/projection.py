@@ -65,10 +65,20 @@ def _usable(clusters: dict[str, Cluster]) -> list[str]:
     return sorted(n for n, c in clusters.items() if c.network or default_network(c.device_name)[0])
 
 
+def _none_usable(clusters: dict[str, Cluster]) -> str:
+    """What to do when no configured cluster can be projected onto ('' when one can)."""
+    if _usable(clusters):
+        return ""
+    return (
+        " (no configured cluster has a network: describe one in the clusters file SCALEBENCH_CLUSTERS_FILE names, "
+        "e.g. examples/clusters.toml, with a [cluster.network] table or a known device)"
+    )
+
+
 def _network(session: Session, clusters: dict[str, Cluster], exp: Experiment, name: str | None) -> NetworkUsed:
     """The asked-for (or the experiment's) cluster's network; a 422 naming `cluster` when there is none."""
     if name is not None and name not in clusters:
-        raise bad_query("cluster", f"unknown cluster {name!r}", _usable(clusters))
+        raise bad_query("cluster", f"unknown cluster {name!r}{_none_usable(clusters)}", _usable(clusters))
     target = name or exp.cluster
     cluster = clusters.get(target)
     if cluster is not None and cluster.network is not None:
@@ -86,7 +96,8 @@ def _network(session: Session, clusters: dict[str, Cluster], exp: Experiment, na
     if inferred is None:
         raise bad_query(
             "cluster",
-            f"cluster {target!r} describes no network and {why}; name a cluster that has one or whose device is known",
+            f"cluster {target!r} describes no network and {why}; name a cluster that has one or whose device is "
+            f"known{_none_usable(clusters)}",
             _usable(clusters),
         )
     # one machine of one GPU says nothing of the nodes a larger cluster of it would have: the assumed platform's

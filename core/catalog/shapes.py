@@ -44,6 +44,15 @@ class ModelShape:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
+    def tp_reason(self, tp: int, **dims: int) -> str | None:
+        """Why tensor parallel degree tp cannot split this model's heads and key/value heads (every TP stack splits
+        them whole), or the further dims given (a runner's own splits), or None."""
+        if tp == 1:
+            return None
+        sizes = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, **dims}
+        bad = [f"{k}({v})" for k, v in sizes.items() if v % tp]
+        return f"tp degree {tp} does not divide {', '.join(bad)}" if bad else None
+
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count of the plain model (untied embedding and output, RMSNorm weights)."""
         d, h = self.dim, self.ffn_hidden_dim

@@ -64,18 +64,9 @@ def _engine_prefix(engine: str) -> str:
 
 
 def _tp_reason(spec: ExperimentSpec, tp: int) -> str | None:
-    """Why tensor parallel degree tp cannot split this model, or None."""
-    if tp == 1:
-        return None
+    """Why tensor parallel degree tp cannot split this model as the runner does (heads, FFN, sequence), or None."""
     shape = get_shape(spec.model, spec.num_layers)
-    dims = {
-        "num_heads": shape.num_heads,
-        "num_kv_heads": shape.num_kv_heads,
-        "ffn_hidden_dim": shape.ffn_hidden_dim,
-        "seq_len": spec.seq_len,
-    }
-    bad = [f"{k}({v})" for k, v in dims.items() if v % tp]
-    return f"tp degree {tp} does not divide {', '.join(bad)}" if bad else None
+    return shape.tp_reason(tp, ffn_hidden_dim=shape.ffn_hidden_dim, seq_len=spec.seq_len)
 
 
 def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degrees: ParallelDegrees) -> str | None:

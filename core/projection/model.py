@@ -171,6 +171,7 @@ class ProjectedSeries(Frozen):
     points: list[ProjectedPoint]
     calibration: Calibration | None = None
     notes: list[str] = []
+    cannot_run: dict[int, str] = {}  # N of the asked counts the layout cannot lay the model out at: why
 
 
 class NetworkUsed(Frozen):
@@ -194,14 +195,22 @@ class ProjectionReport(Frozen):
 # ------------------------------------------------------------------------------------------- series
 
 
-def _fits(w: Workload, n: int) -> bool:
-    """Whether the layout can lay the model out at N: its degrees exist, and every pipeline stage holds a block."""
+def _unfit_reason(w: Workload, n: int) -> str | None:
+    """Why the layout cannot lay the model out at N (its degrees do not exist at N, a pipeline stage would hold no
+    block, tensor parallelism would split a head), or None."""
     try:
-        pp = w.degrees(n).pp
+        degrees = w.degrees(n)
         w.sequences_per_dp_rank(n)
-    except (ValueError, AssertionError):
-        return False
-    return pp <= w.model_shape().num_layers
+    except (ValueError, AssertionError) as exc:
+        return str(exc) or f"no {w.layout} degrees at N={n}"
+    shape = w.model_shape()
+    if degrees.pp > shape.num_layers:
+        return f"pp={degrees.pp} stages, more than the model's {shape.num_layers} blocks"
+    return shape.tp_reason(degrees.tp)
+
+
+def _fits(w: Workload, n: int) -> bool:
+    return _unfit_reason(w, n) is None
 
 
 class _Model:
@@ -335,6 +344,8 @@ def interval_half_width(n: int, n0: int) -> float:
     scale = math.pow(d, INTERVAL_EXPONENT) if d <= span else math.pow(span, INTERVAL_EXPONENT) * math.sqrt(d / span)
     return INTERVAL_Q_PP / 100 * scale
 
+
+_ONE_DOUBLING = interval_half_width(2, 1)
 
 # A projected series' note on its layout family's interval coverage starts so (the plan and the CLI pick it out).
 INTERVAL_NOTE_PREFIX = "80% interval: "
@@ -581,8 +592,13 @@ def project_series(
             f"projected onto layout {layout} from the measured {series.key.layout} series: the per-token compute "
             f"of N0={n0}, E against its measured X(N0){relaid_model.batch_note}"
         )
+        notes.append(
+            f"its interval at N0={n0} too is one doubling's width (another layout at the same N: no published "
+            "series checks it)"
+        )
     counts = sorted(set(gpu_counts) | set(measured))
-    skipped = [n for n in counts if not _fits(w, n)]
+    unfit = {n: r for n in counts if (r := _unfit_reason(w, n)) is not None}
+    skipped = list(unfit)
     points, xs, not_finite = [], {}, []
     for n in (n for n in counts if n not in skipped):
         parts = timed.parts(n)
@@ -594,7 +610,8 @@ def project_series(
         eff = (x / n) / (x0 / n0)
         xs[n] = x
         m, me = measured.get(n), meas_eff.get(n)
-        half = interval_half_width(n, n0)
+        # another layout's N0 is a prediction too: one doubling's width at least (no published series checks it)
+        half = interval_half_width(n, n0) if not relaid else max(interval_half_width(n, n0), _ONE_DOUBLING)
         low, high = max(0.0, eff - half), eff + half
         error = (x / m - 1) if m else None
         points.append(
@@ -618,10 +635,10 @@ def project_series(
                 efficiency_error_pp=100 * (eff - me) if me is not None else None,
             )
         )
-    if skipped:
-        stages, blocks = rank_degrees(w.layout)[0], w.model_shape().num_layers
-        why = f" (pp={stages} stages, more than the model's {blocks} blocks)" if stages > blocks else ""
-        notes.append(f"layout {w.layout} cannot run at N={', '.join(map(str, skipped))}{why}")
+    by_reason: dict[str, list[int]] = {}
+    for n, reason in unfit.items():
+        by_reason.setdefault(reason, []).append(n)
+    notes += [f"layout {w.layout} cannot run at N={', '.join(map(str, ns))} ({r})" for r, ns in by_reason.items()]
     if not_finite:
         notes.append(f"the modelled step is not a finite number at N={', '.join(map(str, not_finite))}: left out")
     if points and (family_note := interval_family_note(w.layout)):
@@ -635,6 +652,7 @@ def project_series(
         points=points,
         calibration=calibration,
         notes=notes,
+        cannot_run=unfit,
     )
     return out, xs
 

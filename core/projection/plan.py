@@ -52,6 +52,7 @@ class PlanOption(Frozen):
     gpu_hours_low: float | None = None
     gpu_hours_high: float | None = None
     beyond_validated: bool = False
+    beyond_cluster: bool = False  # N above the cluster's configured size (planned on its network all the same)
     note: str | None = None  # why a point looks odd (E above 100%, beyond the validated range)
     # at equal loss (core.projection.equal_loss): fp8 options need steps_ratio x the tokens to reach bf16's loss;
     # bf16 options: their own time; None when no steps_ratio was measured for the recipe
@@ -131,6 +132,7 @@ def _option(
     eff_low: float | None = None,
     eff_high: float | None = None,
     beyond_validated: bool = False,
+    beyond_cluster: bool = False,
     note: str | None = None,
 ) -> PlanOption | None:
     """One option, or None when its throughput cannot give a time (zero, not finite)."""
@@ -160,6 +162,7 @@ def _option(
         gpu_hours_low=None if fast is None else fast * n,
         gpu_hours_high=None if slow is None else slow * n,
         beyond_validated=beyond_validated,
+        beyond_cluster=beyond_cluster,
         note=note,
     )
 
@@ -187,7 +190,16 @@ def build_plan(
                 continue
             m = meas.get(k, {}).get(p.num_devices)
             if m is not None and m.tokens_per_sec is not None:  # meas holds only points with a throughput
-                o = _option(*k, p.num_devices, "measured", m.tokens_per_sec, m.efficiency, tokens, gpu_hour_cost)
+                o = _option(
+                    *k,
+                    p.num_devices,
+                    "measured",
+                    m.tokens_per_sec,
+                    m.efficiency,
+                    tokens,
+                    gpu_hour_cost,
+                    beyond_cluster=p.beyond_cluster,
+                )
             else:
                 o = _option(
                     *k,
@@ -202,6 +214,7 @@ def build_plan(
                     eff_low=p.efficiency_low,
                     eff_high=p.efficiency_high,
                     beyond_validated=p.beyond_validated,
+                    beyond_cluster=p.beyond_cluster,
                     note=p.note,
                 )
             if o is not None:
@@ -219,6 +232,20 @@ def build_plan(
         notes.append(f"no option keeps efficiency >= {min_efficiency:g}")
     if dropped:
         notes.append(f"left out, their throughput gives no finite time or GPU-hours: {', '.join(dropped)}")
+    if beyond := sorted({o.num_devices for o in options if o.beyond_cluster}):
+        size = projected.network.max_devices
+        notes.append(
+            f"N={', '.join(map(str, beyond))} exceed cluster {projected.network.cluster!r} ({size} devices): "
+            "planned on its network as if it had that many (max_gpus is the cap)"
+        )
+    # layouts asked for that cannot lay the model out at some of the plan's N, and why
+    for s in projected.series:
+        by_reason: dict[str, list[int]] = {}
+        for n, reason in s.cannot_run.items():
+            if n in counts:
+                by_reason.setdefault(reason, []).append(n)
+        label = " ".join(([] if s.key.engine == "scalebench" else [s.key.engine]) + [s.key.precision, s.key.layout])
+        notes += [f"{label} cannot run at N={', '.join(map(str, ns))} ({r})" for r, ns in by_reason.items()]
     # where a projected option's layout family was held by the interval less often than it promises
     with_projected = {(o.engine, o.precision, o.layout) for o in options if o.source == "projected"}
     notes += dict.fromkeys(

@@ -510,3 +510,22 @@ def test_a_stack_with_virtual_stages_hides_its_chunks_collectives_through_the_ap
     one, interleaved = at1024(""), at1024("%2Cvirtual_stages%3D4")
     assert interleaved["communication_ms"] == pytest.approx(one["communication_ms"])
     assert interleaved["exposed_communication_ms"] < one["exposed_communication_ms"]
+
+
+def test_a_stack_without_a_networked_cluster_says_where_one_is_described(make_client, test_settings, tmp_path):
+    f = tmp_path / "clusters.toml"
+    f.write_text(
+        '[[cluster]]\nname = "local-cpu"\nvendor = "cpu"\ndevice_name = "cpu (gloo ranks)"\n'
+        "gpus_per_node = 4\nmax_nodes = 1\n"
+    )
+    api = make_client(replace(test_settings, clusters_file=str(f)))
+    points = [{"num_devices": n, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0 * n} for n in (1, 2)]
+    body = {"name": "cpu", "model": "debug", "cluster": "local-cpu", "seq_len": 256, "points": points}
+    exp = api.post("/experiments/import", json=body).json()["id"]
+    for url in (f"/experiments/{exp}/projection", f"/experiments/{exp}/plan?tokens=1T&max_gpus=64&cluster=h100"):
+        r = api.get(url)
+        (error,) = r.json()["errors"]
+        assert r.status_code == 422 and error["field"] == "query.cluster" and error["allowed"] == []
+        assert (
+            "no configured cluster has a network" in error["message"] and "SCALEBENCH_CLUSTERS_FILE" in error["message"]
+        )

@@ -390,3 +390,43 @@ def test_an_interleaved_pipeline_hides_a_chunks_collectives_behind_other_chunks_
     assert step_time(dataclasses.replace(one, virtual_stages=4), net, 64, 8, 1000.0).exposed_communication_ms == (
         pytest.approx(step_time(one, net, 64, 8, 1000.0).exposed_communication_ms)
     )
+
+
+def test_a_tp_degree_that_splits_a_head_is_not_projected_and_the_plan_says_why():
+    # the 8b shape has 8 key/value heads: tp=16 cannot split them, as POST /experiments refuses it
+    report = build_report(runs({8: 6000.0}))
+    counts = plan_counts([8], 64)
+    projected = project_report(report, SPEC, used(H100), counts, layouts=["tp=16+fsdp", "pp=64+fsdp"])
+    by_layout = {s.key.layout: s for s in projected.series}
+    assert by_layout["tp=16+fsdp"].points == []
+    assert by_layout["tp=16+fsdp"].cannot_run == {8: "tp degree 16 does not divide 8 devices"} | {
+        n: "tp degree 16 does not divide num_kv_heads(8)" for n in (16, 32, 64)
+    }
+    assert "(tp degree 16 does not divide num_kv_heads(8))" in by_layout["tp=16+fsdp"].notes[-1]
+    plan = build_plan(report, projected, tokens=1e12, max_gpus=64)
+    assert {o.layout for r in plan.rows for o in r.options} == {"fsdp"}
+    assert "bf16 tp=16+fsdp cannot run at N=16, 32, 64 (tp degree 16 does not divide num_kv_heads(8))" in plan.notes
+    # N=8 is below pp=64's 64 ranks, N=64 is a stage per block too many
+    assert any(n.startswith("bf16 pp=64+fsdp cannot run at N=64 (pp=64 stages") for n in plan.notes), plan.notes
+
+
+def test_a_plan_flags_and_notes_counts_beyond_the_cluster():
+    report = build_report(runs({8: 6000.0}))
+    counts = plan_counts([8], 256)
+    small = used(H100).model_copy(update={"max_devices": 64})
+    projected = project_report(report, SPEC, small, counts)
+    plan = build_plan(report, projected, tokens=1e12, max_gpus=256)
+    beyond = {o.num_devices for r in plan.rows for o in r.options if o.beyond_cluster}
+    assert beyond == {128, 256}
+    assert plan.fastest is not None and plan.fastest.num_devices == 256 and plan.fastest.beyond_cluster
+    assert "N=128, 256 exceed cluster 't' (64 devices): planned on its network as if it had that many" in " ".join(
+        plan.notes
+    )
+
+
+def test_another_layout_at_n0_is_a_prediction_with_an_interval():
+    report = project_report(build_report(runs({8: 6000.0})), SPEC, used(H100), [8], layouts=["cp=2+fsdp"])
+    measured, cp = (s.points[0] for s in report.series)
+    assert measured.efficiency_low == measured.efficiency == measured.efficiency_high  # measured: no interval
+    assert cp.efficiency_low < cp.efficiency < cp.efficiency_high
+    assert "its interval at N0=8 too is one doubling's width" in report.series[1].notes[1]
