@@ -41,7 +41,8 @@ Baseline = Annotated[
         le=65536,
         description=(
             "N0 for scaling efficiency E(N) = X(N) / (X(N0) N / N0), e.g. 8 for one node; "
-            "default: each series' smallest measured N."
+            "default: each series' smallest measured N. A series that did not measure it has no E(N) (its note "
+            "says so); one that no series measured is a 422 listing the measured N."
         ),
     ),
 ]
@@ -100,13 +101,20 @@ def _report(
     run_losses = _missing_digests(session, points, cache)
     session.close()  # hand the connection back before the CPU-bound build (loaded rows stay usable)
     sizes = _full_sizes(request.app.state.clusters, full_size, {p.key.cluster for p in points})
-    return build_report_from_points(
+    report = build_report_from_points(
         points,
         baseline_num_devices=baseline,
         full_size_by_cluster=sizes,
         run_losses=run_losses,
         numerics_cache=cache,
     )
+    if baseline is not None and report.series and all(s.baseline_num_devices is None for s in report.series):
+        # a baseline no series measured gives no efficiency anywhere: say so rather than a report of nulls
+        measured = sorted({p.num_devices for s in report.series for p in s.points if p.tokens_per_sec})
+        message = f"N0={baseline} was not measured in any series"
+        field = "query.baseline_num_devices"
+        raise ProblemError(422, f"{field}: {message}", [FieldError(field=field, message=message, allowed=measured)])
+    return report
 
 
 def _missing_digests(session: Session, points: list, cache: MutableMapping) -> dict:

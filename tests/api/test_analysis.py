@@ -122,6 +122,10 @@ def test_baseline_and_full_size(client, pg_session_factory) -> None:
         exp_id, _ = add_experiment(s)
     _finish_all(pg_session_factory, exp_id)
     rep = client.get(f"/experiments/{exp_id}/scaling?baseline_num_devices=2").json()
+    unmeasured = client.get(f"/experiments/{exp_id}/scaling?baseline_num_devices=3")
+    (error,) = unmeasured.json()["errors"]
+    assert unmeasured.status_code == 422 and error["field"] == "query.baseline_num_devices"
+    assert error["message"] == "N0=3 was not measured in any series" and error["allowed"] == [1, 2, 4]
     bf16 = next(s for s in rep["series"] if s["key"]["precision"] == "bf16")
     assert bf16["baseline_num_devices"] == 2
     assert {p["num_devices"]: round(p["efficiency"], 6) for p in bf16["points"]} == {
@@ -353,16 +357,16 @@ def test_served_reports_equal_the_per_run_reports(client, pg_session_factory) ->
         old = {
             i: build_report(
                 db.points.load_run_points(s, i),
-                baseline_num_devices=2,
+                baseline_num_devices=4,  # every N=2 run of a failed: a baseline it measured
                 full_size_by_cluster=sizes,
                 run_losses=db.points.load_run_losses(s, i),
             )
             for i in (a, b)
         }
         names = {i: s.get(Experiment, i) for i in (a, b)}
-    r = client.get(f"/experiments/{a}/scaling?full_size=64&baseline_num_devices=2")
+    r = client.get(f"/experiments/{a}/scaling?full_size=64&baseline_num_devices=4")
     assert r.content == old[a].model_dump_json().encode()
-    csv = client.get(f"/experiments/{a}/scaling?format=csv&full_size=64&baseline_num_devices=2")
+    csv = client.get(f"/experiments/{a}/scaling?format=csv&full_size=64&baseline_num_devices=4")
     assert csv.text == to_csv(old[a])
     expected = compare(
         [
@@ -370,7 +374,7 @@ def test_served_reports_equal_the_per_run_reports(client, pg_session_factory) ->
             for i in (a, b)
         ]
     )
-    got = client.get(f"/compare?experiments={a},{b}&full_size=64&baseline_num_devices=2")
+    got = client.get(f"/compare?experiments={a},{b}&full_size=64&baseline_num_devices=4")
     assert got.content == expected.model_dump_json().encode()
 
 
