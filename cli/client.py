@@ -92,8 +92,7 @@ class ApiClient:
         except httpx.TimeoutException:
             raise CliError(f"the scalebench API at {self.server} did not answer in time ({method} {path})") from None
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = self._send(method, path, **kwargs)
+    def _raise_for_status(self, response: httpx.Response) -> None:
         if response.status_code == 401 and not self.token:
             raise CliError(
                 f"{format_problem(response)}\nPass --token or set SCALEBENCH_TOKEN "
@@ -101,6 +100,10 @@ class ApiClient:
             )
         if response.status_code >= 400:
             raise CliError(format_problem(response))
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._send(method, path, **kwargs)
+        self._raise_for_status(response)
         return response
 
     def get(self, path: str, **params: Any) -> Any:
@@ -111,6 +114,14 @@ class ApiClient:
 
     def text(self, path: str, **params: Any) -> str:
         return self.request("GET", path, params=params).text
+
+    def text_or_none(self, path: str, **params: Any) -> str | None:
+        """GET text that answers None on 404 (e.g. a log not stored yet); any other error raises CliError."""
+        response = self._send("GET", path, params=params)
+        if response.status_code == 404:
+            return None
+        self._raise_for_status(response)
+        return response.text
 
     def get_or_problem(self, path: str, **params: Any) -> tuple[Any, str | None]:
         """GET that answers (body, None), or (None, the problem on one line) when the server answers an error

@@ -31,7 +31,9 @@ def register(app: typer.Typer) -> None:
     @cli_errors
     def plot(
         experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
-        output: Annotated[Path, typer.Option("-o", "--output", help="PNG file to write.")] = Path("curves.png"),
+        output: Annotated[
+            Path, typer.Option("-o", "--output", help="PNG file (a directory: experiment-ID-curves.png in it).")
+        ] = Path("curves.png"),
         baseline_num_devices: Annotated[
             int | None, typer.Option(help="N0 of the efficiency (default: each series' smallest measured N).")
         ] = None,
@@ -42,8 +44,13 @@ def register(app: typer.Typer) -> None:
         token: TokenOpt = None,
     ) -> None:
         """Write the scaling curves (throughput with ideal line, efficiency, fp8 speedup vs N) to a PNG."""
+        if output.is_dir():
+            output = output / f"experiment-{experiment_id}-curves.png"
         with ApiClient(server, token, timeout_s=60) as client:
             png = fetch_png(client, experiment_id, baseline_num_devices, full_size)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_bytes(png)
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_bytes(png)
+        except OSError as exc:
+            raise CliError(f"-o/--output {str(output)!r}: cannot write the PNG there: {exc}") from None
         console.print(f"wrote {output} ({len(png) / 1024:.0f} KiB)", highlight=False)

@@ -59,6 +59,27 @@ def _engine(value: dict[str, Any] | Any) -> str:
     return (value.get("engine") if isinstance(value, dict) else getattr(value, "engine", None)) or "scalebench"
 
 
+ERROR_HEAD_CHARS = 100  # of a failed run's message in the runs table (`scalebench logs RUN`: the whole)
+ERROR_LAST_LINE_CHARS = 80
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def run_error(run: dict[str, Any]) -> str:
+    """A failed run's error for a table cell: `kind: message`, the message on one line and cut short; a message
+    with a log tail after it (`--- log tail ---`) keeps the tail's last line, where a failure usually says why."""
+    kind = run.get("error_kind")
+    if not kind:
+        return ""
+    head, _, tail = (run.get("error_message") or "").partition("\n--- ")
+    last = next((line for line in reversed(tail.splitlines()[1:]) if line.strip()), "")
+    parts = [_clip(" ".join(head.split()), ERROR_HEAD_CHARS), _clip(" ".join(last.split()), ERROR_LAST_LINE_CHARS)]
+    text = " … ".join(p for p in parts if p)
+    return f"{kind}: {text}" if text else kind
+
+
 def runs_table(runs: list[dict[str, Any]]) -> Table:
     """One row per run; the engine and seed columns appear when the experiment has several."""
     engines = len({_engine(r) for r in runs}) > 1
@@ -88,7 +109,7 @@ def runs_table(runs: list[dict[str, Any]]) -> Table:
             r["status"],
             _num(r.get("tokens_per_sec_per_device"), ",.0f"),
             _num(r.get("step_ms_median"), ".1f"),
-            r.get("error_kind") or "",
+            run_error(r),
         )
     return table
 

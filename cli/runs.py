@@ -283,6 +283,16 @@ def register(app: typer.Typer) -> None:
         server: ServerOpt = None,
         token: TokenOpt = None,
     ) -> None:
-        """The tail of a run's log (the runner's merged stdout/stderr)."""
+        """The tail of a run's log (the runner's merged stdout/stderr); a run that failed before it had one: its
+        error kind and message."""
         with ApiClient(server, token) as client:
-            typer.echo(client.text(f"/runs/{run_id}/log", tail_bytes=tail_bytes), nl=False)
+            text = client.text_or_none(f"/runs/{run_id}/log", tail_bytes=tail_bytes)
+            if text is not None:
+                typer.echo(text, nl=False)
+                return
+            run = client.get(f"/runs/{run_id}")  # an unknown run: its 404
+        if run["status"] == "failed":
+            raise CliError(
+                f"run {run_id} failed without a log: {run.get('error_kind')}: {run.get('error_message') or '-'}"
+            )
+        raise CliError(f"run {run_id} has no log yet (status {run['status']})")

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,11 +37,49 @@ STOP_GRACE_S = 8.0  # the worker ends its run (SIGTERM, SIGKILL after 5 s) and r
 RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # after the 1st, 2nd, ... death in a row
 STABLE_S = 60.0  # a child that ran this long before it died starts its back-off over
 MAX_QUICK_DEATHS = 5  # deaths in a row, each within STABLE_S of its start, before the stack gives up
+MAX_PORT = 65535
+# what db.admin's traceback says when the database has no tables yet (SQLite, PostgreSQL)
+NO_SCHEMA_MARKERS = ("no such table: api_tokens", 'relation "api_tokens" does not exist')
 
 
-def create_local_token(name: str, env: dict[str, str] | None = None, role: str = "admin") -> str:
+def child_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a child started in REPO_ROOT (API, worker, scheduler, db.admin): the data dir, runs dir
+    and clusters file made absolute from this process's cwd (a relative SCALEBENCH_DATA_DIR is the user's, not
+    the repository's), and this interpreter's bin directory first on PATH, as an activated venv has it (a command
+    engine's `python3` or `torchrun` is the interpreter scalebench runs under)."""
+    out = dict(env)
+    settings = Settings.from_env(out)
+    out["SCALEBENCH_DATA_DIR"] = str(settings.data_dir)
+    if out.get("SCALEBENCH_RUNS_DIR"):
+        out["SCALEBENCH_RUNS_DIR"] = str(settings.runs_dir)
+    if settings.clusters_file:
+        out["SCALEBENCH_CLUSTERS_FILE"] = str(Path(settings.clusters_file).absolute())
+    bin_dir = str(Path(sys.executable).parent)  # not resolved: a venv's python is a link to the base interpreter
+    path = [p for p in out.get("PATH", os.defpath).split(os.pathsep) if p and p != bin_dir]
+    out["PATH"] = os.pathsep.join([bin_dir, *path])
+    return out
+
+
+def _missing_sqlite_file(database_url: str) -> Path | None:
+    """The file of an SQLite database URL (sqlite:////abs/path) that does not exist, else None."""
+    if not database_url.startswith("sqlite:///"):
+        return None
+    path = Path(database_url.removeprefix("sqlite:///"))
+    return path if path.is_absolute() and not path.exists() else None
+
+
+def create_local_token(name: str, env: Mapping[str, str] | None = None, role: str = "admin") -> str:
     """A new token on the configured database (SCALEBENCH_DATABASE_URL), admin unless asked otherwise (the
-    operator's); raises RuntimeError on failure."""
+    operator's); raises RuntimeError on failure, one line when the database has no schema yet."""
+    env = child_env(os.environ if env is None else env)
+    database_url = Settings.from_env(env).database_url
+    no_schema = (
+        f"the database {database_url.split('@')[-1]} has no scalebench tables yet: run `scalebench up` once with "
+        "the same SCALEBENCH_DATA_DIR / SCALEBENCH_DATABASE_URL (it migrates the database), or "
+        f"`alembic -c {REPO_ROOT / 'alembic.ini'} upgrade head`"
+    )
+    if _missing_sqlite_file(database_url):  # db.admin would create an empty file (and its directory)
+        raise RuntimeError(no_schema)
     proc = subprocess.run(
         [sys.executable, "-m", "db.admin", "create-token", "--name", name, "--role", role],
         cwd=REPO_ROOT,
@@ -50,6 +89,8 @@ def create_local_token(name: str, env: dict[str, str] | None = None, role: str =
         timeout=120,
     )
     if proc.returncode != 0:
+        if any(marker in proc.stderr for marker in NO_SCHEMA_MARKERS):
+            raise RuntimeError(no_schema)
         raise RuntimeError(f"creating a token failed:\n{proc.stderr[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]
 
@@ -68,6 +109,8 @@ def token_is_accepted(url: str, token: str, timeout_s: float = 5.0) -> bool:
 
 def port_problem(host: str, port: int) -> str | None:
     """None when host:port can be listened on (as uvicorn binds: SO_REUSEADDR), else what holds it."""
+    if not 1 <= port <= MAX_PORT:  # the socket would take it modulo 65536 (70000: 4464)
+        return f"--port {port} is not a port: give one of 1-{MAX_PORT}"
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as sock:
@@ -102,8 +145,8 @@ class Stack:
 
     def __post_init__(self) -> None:
         # Resolve the data dir once so that every child (API, worker, scheduler) shares one DB and broker.
+        self.env = child_env(self.env)
         self.settings = Settings.from_env(self.env)
-        self.env["SCALEBENCH_DATA_DIR"] = str(self.settings.data_dir)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.log_dir = self.settings.data_dir / "logs"
 
@@ -153,6 +196,10 @@ class Stack:
         log.info("started %s (pid %d), log %s", name, self.procs[name].pid, self.log_dir / f"{name}.log")
 
     def start(self, ready_timeout_s: float = 60.0) -> None:
+        try:
+            load_clusters(self.settings.clusters_file)  # the worker's queues; the API reads it too
+        except (ValueError, OSError) as exc:
+            raise RuntimeError(f"SCALEBENCH_CLUSTERS_FILE: {exc}") from None
         if problem := port_problem(self.host, self.port):
             raise RuntimeError(problem)
         self.migrate()

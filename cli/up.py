@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     @app.command("up")
     def up(
         host: Annotated[str, typer.Option(help="Address the API listens on.")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="API port.")] = 8000,
+        port: Annotated[int, typer.Option(help="API port, 1-65535.")] = 8000,
         worker: Annotated[bool, typer.Option("--worker/--no-worker", help="Start a local worker.")] = True,
         token: Annotated[bool, typer.Option("--token/--no-token", help="Create an API token.")] = True,
     ) -> None:

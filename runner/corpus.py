@@ -350,6 +350,10 @@ def describe(data_path: str | Path, name: str | None = None) -> str:
 
 def check(data_path: str | Path) -> list[str]:
     """Files whose sha256 differs from the recipe's (empty: all match)."""
+    if Path(data_path).is_dir():
+        raise IsADirectoryError(f"data file {str(data_path)!r} is a directory; give the token file (.bin) in it")
+    if not Path(data_path).is_file():
+        raise FileNotFoundError(f"data file {str(data_path)!r} does not exist")
     recipe = load_recipe(data_path)
     if recipe is None:
         raise FileNotFoundError(f"no recipe beside {data_path} ({recipe_path(data_path)})")
@@ -391,7 +395,11 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(recipe["sha256"]),
         )
         return 0
-    bad = check(args.data_path)
+    try:
+        bad = check(args.data_path)
+    except OSError as exc:  # no such file, no recipe beside it, a directory
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
     log.info("%s: %s", args.data_path, "all checksums match" if not bad else f"checksum differs: {', '.join(bad)}")
     return 1 if bad else 0
 

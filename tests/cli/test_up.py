@@ -1,5 +1,6 @@
-"""The CLI: readable problem details, an unreachable server without a traceback, and `scalebench up` for
-real (SQLite + filesystem broker, API + worker + scheduler) driven by `submit --wait`, `show`, `logs`."""
+"""The CLI: readable problem details, an unreachable server without a traceback, a port or clusters file that
+`scalebench up` cannot use refused in one line, its children's PATH, and `scalebench up` for real (SQLite +
+filesystem broker, API + worker + scheduler) driven by `submit --wait`, `show`, `logs`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 
 from cli.client import format_problem
 from cli.main import app
+from cli.stack import Stack
 from osutil import procs
 from tests.worker.conftest import REPO, TINY, wait_until
 
@@ -62,6 +64,58 @@ def test_bad_spec_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     listed = runner.invoke(app, ["submit", str(tmp_path / "list.yaml"), "--server", "http://127.0.0.1:9"])
     assert listed.exit_code == 1 and "must hold a mapping" in listed.output
+
+
+def _up_env(monkeypatch, tmp_path: Path, clusters_file: str | None = None) -> None:
+    for key in ("DATABASE_URL", "REDIS_URL", "SCALEBENCH_DATABASE_URL", "SCALEBENCH_BROKER_URL", "SCALEBENCH_RUNS_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SCALEBENCH_DATA_DIR", str(tmp_path / "data"))
+    if clusters_file is None:
+        monkeypatch.delenv("SCALEBENCH_CLUSTERS_FILE", raising=False)
+    else:
+        monkeypatch.setenv("SCALEBENCH_CLUSTERS_FILE", clusters_file)
+
+
+@pytest.mark.parametrize("port", [0, 70000, -1])
+def test_up_refuses_a_port_outside_1_65535(port: int, tmp_path: Path, monkeypatch) -> None:
+    _up_env(monkeypatch, tmp_path)
+    result = runner.invoke(app, ["up", "--port", str(port)])
+    assert (result.exit_code, result.stderr) == (1, f"error: --port {port} is not a port: give one of 1-65535\n")
+    assert "scalebench is up" not in result.stdout and not (tmp_path / "data").exists()
+
+
+def test_up_with_a_bad_clusters_file_is_one_error_line(tmp_path: Path, monkeypatch) -> None:
+    _up_env(monkeypatch, tmp_path, "/nope.toml")
+    missing = runner.invoke(app, ["up", "--port", str(_free_port())])
+    assert (missing.exit_code, missing.stderr) == (
+        1,
+        "error: SCALEBENCH_CLUSTERS_FILE: clusters file '/nope.toml' does not exist\n",
+    )
+    bad = tmp_path / "clusters.toml"
+    bad.write_text("[[cluster]\nname = 'x'\n")
+    _up_env(monkeypatch, tmp_path, str(bad))
+    invalid = runner.invoke(app, ["up", "--port", str(_free_port())])
+    assert invalid.exit_code == 1 and isinstance(invalid.exception, SystemExit)
+    assert invalid.stderr.startswith(f"error: SCALEBENCH_CLUSTERS_FILE: clusters file '{bad}': ")
+    assert invalid.stderr.count("\n") == 1 and "line 1" in invalid.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything was migrated or started
+
+
+def test_up_children_find_this_interpreter_first_on_path(tmp_path: Path, monkeypatch) -> None:
+    # a command engine's argv names `python3` (examples/clusters-own-stack.toml); without an activated venv
+    # PATH finds another interpreter, one without torch
+    _up_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin", str(Path(sys.executable).parent)]))
+    stack = Stack(port=_free_port())
+    assert stack.env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin", "/bin"]
+    out = subprocess.run(
+        ["python3", "-c", "import sys, torch; print(sys.prefix)"],
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == sys.prefix, out.stderr
 
 
 def _children(pid: int) -> list[int]:

@@ -88,6 +88,20 @@ def test_check_and_describe_name_the_checksums(built):
     assert recipe["sha256"]["tokenizer"] in text and recipe["text_sha256"] in text
 
 
+def test_check_command_says_what_is_missing_in_one_line(built, tmp_path, capsys):
+    out, _ = built
+    assert corpus.main(["check", str(out / "tiny.bin")]) == 0
+    capsys.readouterr()
+    assert corpus.main(["check", str(tmp_path / "nope")]) == 1
+    assert capsys.readouterr().err == f"error: data file '{tmp_path / 'nope'}' does not exist\n"
+    assert corpus.main(["check", str(tmp_path)]) == 1
+    directory = f"error: data file '{tmp_path}' is a directory; give the token file (.bin) in it\n"
+    assert capsys.readouterr().err == directory
+    (tmp_path / "other.bin").write_bytes(b"\0\0")  # a token file made some other way
+    assert corpus.main(["check", str(tmp_path / "other.bin")]) == 1
+    assert capsys.readouterr().err == f"error: no recipe beside {tmp_path / 'other.bin'} ({tmp_path / 'other.json'})\n"
+
+
 def test_memmap_reads_the_recipe_dtype_and_refuses_a_larger_vocab(built):
     out, _ = built
     src = MemmapTokens(str(out / "tiny.bin"), vocab_size=128256, seed=0)  # a Llama-3 vocab: still uint16
