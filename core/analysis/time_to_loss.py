@@ -329,6 +329,6 @@ def short_effective(t: TimeToLoss | None) -> str:
         band = t.effective_speedup_band
         mark = "~" if t.extrapolated else ""  # the crossing was extrapolated past fp8's end
         return f"{mark}{t.effective_speedup:.2f}x" + (f" ±{band:.2f}" if band is not None else "")
-    if t.shortfall is not None:
-        return f"short {t.shortfall:.1%}"
+    if t.shortfall is not None:  # a shortfall below the cell's resolution is not shown as 0.0%
+        return f"short {t.shortfall:.1%}" if round(t.shortfall, 3) > 0 else "short <0.1%"
     return "-"

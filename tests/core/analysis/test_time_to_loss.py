@@ -114,3 +114,9 @@ def test_a_time_stretched_curve_gives_its_stretch(stretch, steps):
         assert stretch * 0.93 <= t.steps_ratio <= stretch * 1.03
     else:
         assert t.shortfall > 0 and stretch > 1.15
+
+
+def test_a_shortfall_below_the_cells_resolution_is_not_printed_as_zero():
+    t = time_to_loss(*pairs(lambda t: falling(t) * 1.03, falling, 1000), speedup=1.2)
+    assert short_effective(t.model_copy(update={"shortfall": 8e-5})) == "short <0.1%"
+    assert short_effective(t.model_copy(update={"shortfall": 0.0012})) == "short 0.1%"
