@@ -198,6 +198,8 @@ class ProjectionReport(Frozen):
 def _unfit_reason(w: Workload, n: int) -> str | None:
     """Why the layout cannot lay the model out at N (its degrees do not exist at N, a pipeline stage would hold no
     block, tensor parallelism would split a head), or None."""
+    if n % (span := model_parallel_size(w.layout)):  # one reason for every such N, so notes group them
+        return f"N not a multiple of the {span} devices a data-parallel rank spans"
     try:
         degrees = w.degrees(n)
         w.sequences_per_dp_rank(n)

@@ -238,14 +238,16 @@ def build_plan(
             f"N={', '.join(map(str, beyond))} exceed cluster {projected.network.cluster!r} ({size} devices): "
             "planned on its network as if it had that many (max_gpus is the cap)"
         )
-    # layouts asked for that cannot lay the model out at some of the plan's N, and why
+    # layouts that cannot lay the model out at some of the plan's N, and why (the same for every precision and engine)
+    by_reason: dict[tuple[str, str], set[int]] = {}
     for s in projected.series:
-        by_reason: dict[str, list[int]] = {}
         for n, reason in s.cannot_run.items():
             if n in counts:
-                by_reason.setdefault(reason, []).append(n)
-        label = " ".join(([] if s.key.engine == "scalebench" else [s.key.engine]) + [s.key.precision, s.key.layout])
-        notes += [f"{label} cannot run at N={', '.join(map(str, ns))} ({r})" for r, ns in by_reason.items()]
+                by_reason.setdefault((s.key.layout, reason), set()).add(n)
+    notes += [
+        f"layout {layout} cannot run at N={', '.join(map(str, sorted(ns)))} ({r})"
+        for (layout, r), ns in by_reason.items()
+    ]
     # where a projected option's layout family was held by the interval less often than it promises
     with_projected = {(o.engine, o.precision, o.layout) for o in options if o.source == "projected"}
     notes += dict.fromkeys(

@@ -399,15 +399,19 @@ def test_a_tp_degree_that_splits_a_head_is_not_projected_and_the_plan_says_why()
     projected = project_report(report, SPEC, used(H100), counts, layouts=["tp=16+fsdp", "pp=64+fsdp"])
     by_layout = {s.key.layout: s for s in projected.series}
     assert by_layout["tp=16+fsdp"].points == []
-    assert by_layout["tp=16+fsdp"].cannot_run == {8: "tp degree 16 does not divide 8 devices"} | {
-        n: "tp degree 16 does not divide num_kv_heads(8)" for n in (16, 32, 64)
-    }
+    assert by_layout["tp=16+fsdp"].cannot_run == {
+        8: "N not a multiple of the 16 devices a data-parallel rank spans"
+    } | {n: "tp degree 16 does not divide num_kv_heads(8)" for n in (16, 32, 64)}
     assert "(tp degree 16 does not divide num_kv_heads(8))" in by_layout["tp=16+fsdp"].notes[-1]
     plan = build_plan(report, projected, tokens=1e12, max_gpus=64)
     assert {o.layout for r in plan.rows for o in r.options} == {"fsdp"}
-    assert "bf16 tp=16+fsdp cannot run at N=16, 32, 64 (tp degree 16 does not divide num_kv_heads(8))" in plan.notes
-    # N=8 is below pp=64's 64 ranks, N=64 is a stage per block too many
-    assert any(n.startswith("bf16 pp=64+fsdp cannot run at N=64 (pp=64 stages") for n in plan.notes), plan.notes
+    assert "layout tp=16+fsdp cannot run at N=16, 32, 64 (tp degree 16 does not divide num_kv_heads(8))" in plan.notes
+    # N=8 to 32 are no multiple of pp=64's 64 ranks, N=64 is a stage per block too many
+    assert (
+        "layout pp=64+fsdp cannot run at N=8, 16, 32 (N not a multiple of the 64 devices a data-parallel rank spans)"
+        in (plan.notes)
+    )
+    assert any(n.startswith("layout pp=64+fsdp cannot run at N=64 (pp=64 stages") for n in plan.notes), plan.notes
 
 
 def test_a_plan_flags_and_notes_counts_beyond_the_cluster():
