@@ -124,13 +124,17 @@ def submit_spec(client: ApiClient, spec: dict[str, Any], idempotency_key: str | 
     return created
 
 
-def _run_label(run: dict[str, Any]) -> str:
+def _engine_tag(run: dict[str, Any]) -> str:
     engine = run.get("engine", "scalebench")
+    return "" if engine == "scalebench" else engine
+
+
+def _run_label(run: dict[str, Any], engine_width: int = 0) -> str:
+    """`run    7 torchtitan fp8-rowwise fsdp N=2`: the engine column as wide as the widest engine of the experiment
+    (none where every run is the scalebench runner's), so the bars of every run line up."""
     seed = f" seed={run['seed']}" if run.get("seed") else ""
-    return (
-        f"run {run['id']:>4} {'' if engine == 'scalebench' else engine + ' '}{run['precision']:<15} "
-        f"{run['layout']:<10} N={run['num_devices']:<3}{seed}"
-    )
+    engine = f"{_engine_tag(run):<{engine_width}} " if engine_width else ""
+    return f"run {run['id']:>4} {engine}{run['precision']:<15} {run['layout']:<10} N={run['num_devices']:<3}{seed}"
 
 
 def _step_progress(client: ApiClient, run_id: int) -> tuple[int, int] | None:
@@ -163,9 +167,10 @@ def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout
         tasks: dict[int, Any] = {}
         while True:
             runs = client.all_runs(experiment_id)
+            width = max((len(_engine_tag(r)) for r in runs), default=0)
             for run in runs:
                 if run["id"] not in tasks:
-                    tasks[run["id"]] = progress.add_task(_run_label(run), total=1, state=run["status"])
+                    tasks[run["id"]] = progress.add_task(_run_label(run, width), total=1, state=run["status"])
                 task_id, status = tasks[run["id"]], run["status"]
                 if status == "running" and (sp := _step_progress(client, run["id"])):
                     progress.update(task_id, total=sp[1], completed=sp[0], state=f"running step {sp[0]}/{sp[1]}")
