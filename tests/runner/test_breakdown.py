@@ -170,11 +170,14 @@ def test_categories_add_up_to_the_measured_step_time(runs):
             assert sorted(windows) == b.profiled_steps
             assert r.step_ms == pytest.approx(statistics.fmean(windows.values()), rel=1e-6)
         # rank 0's windows against rank 0's timer, which the result reports: a window opens after the previous
-        # step's timer mark and closes just after its own, so it lies within the timed interval
+        # step's timer mark and closes just after its own, so it lies within the timed interval, give or take the
+        # instant between the mark and the window's close. A rank descheduled in that instant (ranks and test
+        # workers share two cores) closes it late by up to a scheduler slice: 2.3 ms was seen on a 105 ms step.
+        # A window that held a second step or an evaluation would be longer by a whole step.
         windows = _windows_ms(run_dir / trace_file_name(0))
         for s in b.profiled_steps:
             timed = result.steps[s].step_ms
-            assert windows[s] <= 1.01 * timed + 1.0, (n, s, windows[s], timed)
+            assert windows[s] <= 1.01 * timed + 5.0, (n, s, windows[s], timed)
             if s != b.profiled_steps[0]:  # the first one's interval also holds the profiler's start
                 assert windows[s] >= 0.9 * timed, (n, s, windows[s], timed)
         assert b.median.step_ms == pytest.approx(statistics.median(r.step_ms for r in b.per_rank), rel=1e-9)
