@@ -64,7 +64,8 @@ def make_spec(args: argparse.Namespace, precision: str, seed: int, steps: int) -
         lr_warmup_steps=min(args.lr_warmup, steps // 2),
         lr_schedule="cosine",
         seed=seed,
-        data_path=args.data,
+        data_path=str(Path(args.data).resolve()),
+        data_roots=[str(Path(args.data).resolve().parent)],  # the corpus directory: the runner reads only there
         eval_every_steps=min(args.eval_every, steps),
         eval_batches=args.eval_batches,
         device_type="cpu" if args.smoke else "cuda",

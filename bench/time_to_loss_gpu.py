@@ -46,11 +46,13 @@ PRECISIONS = ("bf16", "fp8-rowwise", "fp8-tensorwise", "fp8-rowwise-gw-hp")  # b
 TAIL_STEPS = 50  # "final" train loss: the mean over the last TAIL_STEPS steps
 
 
-def clusters_toml(device_name: str, smoke: bool) -> str:
+def clusters_toml(device_name: str, smoke: bool, data: Path) -> str:
+    """This node as one cluster, the corpus' directory its data root (a spec's data_path must lie in one)."""
     vendor, titan = ("cpu", "false") if smoke else ("nvidia", "true")
     return (
         f'[[cluster]]\nname = "gpu-node"\nvendor = "{vendor}"\ndevice_name = "{device_name}"\n'
         f'gpus_per_node = 1\nmax_nodes = 1\nlauncher = "local"\ntorchtitan = {titan}\n'
+        f"data_roots = [{json.dumps(str(data.resolve().parent))}]\n"
     )
 
 
@@ -82,6 +84,7 @@ def experiment_spec(args: argparse.Namespace) -> dict:
         "lr_warmup_steps": args.lr_warmup,
         "lr_schedule": "cosine",
         "seeds": list(args.seeds),
+        "repeats": args.repeats,
         "eval_every_steps": 0 if titan else args.eval_every,
         "eval_batches": args.eval_batches,
         "compile": True,
@@ -130,6 +133,7 @@ def run_record(detail: dict) -> dict:
         "engine": spec.get("engine", "scalebench"),
         "precision": spec["precision"],
         "seed": spec["seed"],
+        "repeat": spec.get("repeat", 0),
         "steps": spec["steps"],
         "tokens_per_step": spec["seq_len"]
         * spec["local_batch_size"]
@@ -162,13 +166,19 @@ def table(runs: list[dict]) -> str:
     ]
     for r in sorted(
         runs,
-        key=lambda r: (r["engine"], PRECISIONS.index(r["precision"]) if r["precision"] in PRECISIONS else 9, r["seed"]),
+        key=lambda r: (
+            r["engine"],
+            PRECISIONS.index(r["precision"]) if r["precision"] in PRECISIONS else 9,
+            r["seed"],
+            r.get("repeat", 0),
+        ),
     ):
         train = r["train_loss"][-TAIL_STEPS:]
         ev = r["eval_loss"][-1][1] if r["eval_loss"] else None
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        seed = f"{r['seed']} (repeat {r['repeat']})" if r.get("repeat") else str(r["seed"])
         rows.append(
-            f"| {r['engine']} | {r['precision']} | {r['seed']} | {len(r['train_loss'])} | "
+            f"| {r['engine']} | {r['precision']} | {seed} | {len(r['train_loss'])} | "
             f"{fmt(statistics.fmean(train) if train else None, '.4f')} | {fmt(ev, '.4f')} | "
             f"{fmt(r['tokens_per_sec'], ',.0f')} | {fmt(r['step_ms_median'], '.1f')} |"
             + ("" if r["status"] == "succeeded" else f" {r['status']}")
@@ -223,7 +233,7 @@ def pay_off_table(runs: list[dict]) -> str:
 
 def run_service(args: argparse.Namespace, env: dict[str, str], t0: float) -> dict:
     out = args.out
-    (out / "clusters.toml").write_text(clusters_toml(args.device_name, args.smoke))
+    (out / "clusters.toml").write_text(clusters_toml(args.device_name, args.smoke, args.data))
     spec = experiment_spec(args)
     (out / "spec.yaml").write_text(json.dumps(spec, indent=1))  # JSON is YAML
     env = env | {"SCALEBENCH_CLUSTERS_FILE": str(out / "clusters.toml")}
@@ -263,6 +273,12 @@ def main() -> int:
     ap.add_argument("--engine", default="scalebench", choices=("scalebench", "torchtitan"))
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--seeds", default="0,1")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every (precision, seed): the same seed again, as a nightly suite",
+    )
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=1000)
