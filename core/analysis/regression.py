@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -318,3 +318,18 @@ def _finding(
         message=f"{config.name} {state}: {value:.6g}, {where}{cause}",
         env_diff=diff,
     )
+
+
+def replay(nights: Sequence[NightlyValue], config: MetricConfig) -> list[Finding | None]:
+    """The nightly loop over one point's nights in order, as the scheduler runs it: each night evaluated against
+    the earlier ones, the state carried, the nights of an open regression flagged (kept out of the baseline).
+    For replaying a recorded or simulated history under another threshold."""
+    history: list[NightlyValue] = []
+    state: str | None = None
+    findings: list[Finding | None] = []
+    for cur in nights:
+        f = evaluate(history, cur, state, config)
+        state = f.state if f else state
+        findings.append(f)
+        history.append(replace(cur, flagged=bool(f and f.state in OPEN_STATES)))
+    return findings

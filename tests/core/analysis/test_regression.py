@@ -19,6 +19,7 @@ from core.analysis.regression import (
     fp8_loss_gap,
     robust_sigma,
 )
+from core.analysis.regression import replay as replay_nights
 
 T0 = datetime(2025, 1, 1, 2, 0)
 TPS = DEFAULT_METRICS["tokens_per_sec"]
@@ -45,25 +46,12 @@ def night(i, value, status="succeeded", env=ENV, flagged=False):
 
 
 def replay(values, config=TPS, envs=None):
-    """Run the nightly loop as the scheduler would: flag nights of an open regression, carry the state."""
-    history, state, states, findings = [], None, [], []
-    for i, v in enumerate(values):
-        cur = night(i, v, "failed" if v is None else "succeeded", env=(envs or {}).get(i, ENV))
-        f = evaluate(history, cur, state, config)
-        state = f.state if f else state
-        states.append(f.state if f else None)
-        findings.append(f)
-        history.append(
-            NightlyValue(
-                cur.timestamp,
-                cur.status,
-                cur.value,
-                cur.run_id,
-                cur.environment,
-                flagged=bool(f and f.state in OPEN_STATES),
-            )
-        )
-    return states, findings
+    """The nightly loop over values (None: a failed night), one a day from T0: (states, findings)."""
+    nights = [
+        night(i, v, "failed" if v is None else "succeeded", env=(envs or {}).get(i, ENV)) for i, v in enumerate(values)
+    ]
+    findings = replay_nights(nights, config)
+    return [f.state if f else None for f in findings], findings
 
 
 def noisy(seed, n=30, nominal=10000.0):
