@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import db.suites
@@ -57,11 +58,7 @@ def create_suite(
             [FieldError(field="cluster", message=f"unknown cluster {cluster_name!r}", allowed=sorted(clusters))],
         )
     if db.suites.get_suite_by_name(session, body.name) is not None:
-        raise ProblemError(
-            409,
-            f"a suite named {body.name!r} exists",
-            [FieldError(field="name", message="already used by another suite")],
-        )
+        raise _name_taken(body.name)
     try:
         db.suites.check_expands(body.spec, clusters[cluster_name])
         suite = db.suites.create_suite(
@@ -76,6 +73,7 @@ def create_suite(
             concurrency_policy=body.concurrency_policy,
             max_queued_runs=body.max_queued_runs,
         )
+        session.commit()
     except db.suites.SuiteError as exc:
         raise _problem(exc) from exc
     except DataPathError as exc:
@@ -89,9 +87,19 @@ def create_suite(
                 for p in exc.skipped
             ],
         ) from exc
-    session.commit()
+    except IntegrityError as exc:  # a concurrent request created the name between the check and the insert
+        session.rollback()
+        if db.suites.get_suite_by_name(session, body.name) is None:
+            raise
+        raise _name_taken(body.name) from exc
     response.headers["Location"] = f"/suites/{suite.id}"
     return suite_read(suite)
+
+
+def _name_taken(name: str) -> ProblemError:
+    return ProblemError(
+        409, f"a suite named {name!r} exists", [FieldError(field="name", message="already used by another suite")]
+    )
 
 
 @router.get("", response_model=list[SuiteRead], responses=PROBLEM_RESPONSES, summary="List suites")

@@ -57,3 +57,21 @@ def test_ten_concurrent_triggers_with_a_cap_of_one_fire_exactly_once(backend) ->
         assert s.scalar(sa.select(sa.func.count()).select_from(Run)) == 1  # one firing's one run
         outcomes = s.execute(sa.select(SuiteFiring.outcome, sa.func.count()).group_by(SuiteFiring.outcome)).all()
         assert dict(outcomes) == {"fired": 1, "skipped": NUM_TRIGGERS - 1}
+
+
+def test_concurrent_creates_of_one_name_give_one_suite_and_409s(backend) -> None:
+    client, factory = backend
+    barrier = threading.Barrier(NUM_TRIGGERS)
+    answers: list[tuple[int, str]] = []
+
+    def create() -> None:
+        barrier.wait()
+        r = client.post("/suites", json={"name": "same", "spec": SPEC})
+        answers.append((r.status_code, r.json()["errors"][0]["field"] if r.status_code == 409 else ""))
+
+    threads = [threading.Thread(target=create) for _ in range(NUM_TRIGGERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(answers) == [(201, "")] + [(409, "name")] * (NUM_TRIGGERS - 1), answers
