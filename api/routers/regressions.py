@@ -3,7 +3,7 @@ the baseline band, acknowledge (someone is on it) and resolve (accept: the basel
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 import db.regressions
 from api.deps import ReadAuth, RegressionId, SessionDep, SuiteIdQuery, WriteAuth
 from api.guard import GuardedRoute
-from api.problems import PROBLEM_RESPONSES, found
+from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from api.schemas.experiments import decode_cursor, encode_cursor
 from api.schemas.nightly import (
     MetricName,
@@ -40,6 +40,20 @@ def _get_or_404(session: Session, regression_id: int) -> Regression:
     return found(db.regressions.get_regression(session, regression_id), "regression", regression_id)
 
 
+def _utc(since: datetime) -> datetime:
+    """`since` in UTC; a time without an offset is UTC. 422 when the offset moves it out of years 1-9999."""
+    if since.tzinfo is None:
+        return since.replace(tzinfo=UTC)
+    try:
+        return since.astimezone(UTC)
+    except OverflowError as exc:
+        raise ProblemError(
+            422,
+            f"since {since.isoformat()} is outside years 1-9999 in UTC",
+            [FieldError(field="since", message="in UTC it falls outside years 1-9999")],
+        ) from exc
+
+
 @router.get(
     "",
     response_model=RegressionPage,
@@ -52,11 +66,18 @@ def list_regressions(
     suite: SuiteIdQuery = None,
     status: Annotated[RegressionStatus | None, Query()] = None,
     metric: Annotated[MetricName | None, Query()] = None,
-    since: Annotated[datetime | None, Query(description="Changed at or after this time (ISO 8601).")] = None,
+    since: Annotated[
+        datetime | None,
+        Query(
+            description="Changed at or after this time (ISO 8601: a date or a date and time; without an offset, UTC)."
+        ),
+    ] = None,
     open: Annotated[bool, Query(description="Only open ones (suspected, confirmed, failed; not resolved).")] = False,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
 ) -> RegressionPage:
+    if since is not None:
+        since = _utc(since)
     rows = db.regressions.list_regressions(
         session,
         suite_id=suite,

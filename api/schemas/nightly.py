@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from core.contracts.specs import ExperimentSpec, Text
 from db.models import (
@@ -56,22 +56,22 @@ class SuiteCreate(_In):
         description="5-field cron in UTC (minute hour day-of-month month day-of-week), or one of "
         "@hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually.",
     )
-    enabled: bool = True
-    thresholds: dict[str, float] = Field(
+    enabled: StrictBool = True
+    thresholds: dict[str, StrictFloat] = Field(
         {}, description="Per metric: relative threshold (fraction), or the absolute limit for fp8_loss_gap."
     )
-    baseline_nights: int = Field(7, ge=3, le=60, description="K: baseline = median of the last K good nights.")
+    baseline_nights: StrictInt = Field(7, ge=3, le=60, description="K: baseline = median of the last K good nights.")
     concurrency_policy: ConcurrencyPolicy = Field(DEFAULT_CONCURRENCY_POLICY, description=POLICY_HELP)
-    max_queued_runs: int = Field(DEFAULT_MAX_QUEUED_RUNS, ge=1, le=100_000, description=CAP_HELP)
+    max_queued_runs: StrictInt = Field(DEFAULT_MAX_QUEUED_RUNS, ge=1, le=100_000, description=CAP_HELP)
 
 
 class SuiteUpdate(_In):
-    enabled: bool | None = None
+    enabled: StrictBool | None = None
     schedule: str | None = Field(None, max_length=100)
-    thresholds: dict[str, float] | None = None
-    baseline_nights: int | None = Field(None, ge=3, le=60)
+    thresholds: dict[str, StrictFloat] | None = None
+    baseline_nights: StrictInt | None = Field(None, ge=3, le=60)
     concurrency_policy: ConcurrencyPolicy | None = Field(None, description=POLICY_HELP)
-    max_queued_runs: int | None = Field(None, ge=1, le=100_000, description=CAP_HELP)
+    max_queued_runs: StrictInt | None = Field(None, ge=1, le=100_000, description=CAP_HELP)
 
 
 class SuiteRead(BaseModel):
@@ -185,11 +185,11 @@ class WebhookCreate(_In):
         None, min_length=16, max_length=200, description="HMAC-SHA256 key; generated when absent (shown once)."
     )
     events: list[WebhookEvent] = Field(list(DEFAULT_WEBHOOK_EVENTS), min_length=1)
-    enabled: bool = True
+    enabled: StrictBool = True
 
 
 class WebhookUpdate(_In):
-    enabled: bool | None = Field(None, description="false: stop sending (pending deliveries end as failed).")
+    enabled: StrictBool | None = Field(None, description="false: stop sending (pending deliveries end as failed).")
     events: list[WebhookEvent] | None = Field(None, min_length=1)
 
 

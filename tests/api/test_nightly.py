@@ -122,6 +122,11 @@ def test_regressions_list_filter_history_acknowledge_resolve(client, anon_client
         == 2
     )
     assert anon_client.get("/regressions", params={"since": "2027-01-01T00:00:00Z"}).json()["items"] == []
+    for naive in ("2026-11-01", "2026-11-01T00:00:00"):  # without an offset: UTC
+        assert len(anon_client.get("/regressions", params={"since": naive}).json()["items"]) == 2, naive
+    assert anon_client.get("/regressions", params={"since": "2027-01-01"}).json()["items"] == []
+    far = anon_client.get("/regressions", params={"since": "0001-01-01T00:00:00+14:00"})
+    assert far.status_code == 422 and far.json()["errors"][0]["field"] == "since"
     bad = anon_client.get("/regressions", params={"metric": "speed"})
     assert bad.status_code == 422 and "tokens_per_sec" in bad.json()["errors"][0]["allowed"]
 
@@ -156,3 +161,21 @@ def test_regressions_list_filter_history_acknowledge_resolve(client, anon_client
     deliveries = client.get(f"/webhooks/{hook['id']}/deliveries").json()
     assert {d["event"] for d in deliveries} == {"regression.confirmed"} and len(deliveries) == 2
     assert client.get("/webhooks/999/deliveries").status_code == 404
+
+
+def test_suite_and_webhook_fields_take_json_types_only(client):
+    cases = [
+        ("/suites", {"name": "t", "spec": SPEC, "thresholds": {"tokens_per_sec": True}}, "thresholds.tokens_per_sec"),
+        ("/suites", {"name": "t", "spec": SPEC, "thresholds": {"tokens_per_sec": "0.1"}}, "thresholds.tokens_per_sec"),
+        ("/suites", {"name": "t", "spec": SPEC, "enabled": "yes"}, "enabled"),
+        ("/suites", {"name": "t", "spec": SPEC, "baseline_nights": "7"}, "baseline_nights"),
+        ("/suites", {"name": "t", "spec": SPEC, "max_queued_runs": 2.0}, "max_queued_runs"),
+        ("/webhooks", {"url": "https://hooks.example.com/x", "enabled": 1}, "enabled"),
+    ]
+    for path, body, field in cases:
+        r = client.post(path, json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["errors"][0]["field"].startswith(field), (body, r.json()["errors"])
+    r = client.post("/suites", json={"name": "t", "spec": SPEC, "thresholds": {"tokens_per_sec": 1}})
+    assert r.status_code == 201 and r.json()["thresholds"] == {"tokens_per_sec": 1.0}  # an integer is a number
+    assert client.patch(f"/suites/{r.json()['id']}", json={"enabled": "no"}).status_code == 422
