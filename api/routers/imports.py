@@ -255,8 +255,9 @@ def _normal(value: float) -> bool:
     return math.isfinite(value) and abs(value) >= sys.float_info.min
 
 
-def _check_derived(field: str, p: ImportPoint, summary: Summary, max_num_devices: int) -> None:
-    """422 naming the input when a value derived from it would not be a finite, normal number."""
+def _check_derived(field: str, p: ImportPoint, summary: Summary, max_num_devices: int, from_log: bool) -> None:
+    """422 naming the input when a value derived from it would not be a finite, normal number (from a log: its
+    text, whose median step time gave the point's throughput)."""
     source = "tokens_per_sec" if p.tokens_per_sec is not None else "tokens_per_sec_per_device"
     derived = {
         name: getattr(summary, name)
@@ -291,8 +292,14 @@ def _check_derived(field: str, p: ImportPoint, summary: Summary, max_num_devices
                 ),
             )
         )
+    if errors and from_log:
+        errors = [_log_step_time_error(field, p.step_ms, e.message.split(" gives ", 1)[-1]) for e in errors[:1]]
     if errors:
         raise _bad(errors, "values that would not be finite")
+
+
+def _log_step_time_error(field: str, step_ms: float | None, what: str) -> FieldError:
+    return FieldError(field=f"{field}.text", message=f"the log's median step time {step_ms:.6g} ms gives {what}")
 
 
 def _result(
@@ -302,11 +309,12 @@ def _result(
     cluster: Cluster,
     max_num_devices: int,
     timing: dict[str, Any],
+    from_log: bool = False,
 ) -> RunResult:
     env = _environment(field, p, cluster)
     final = p.final_loss if p.final_loss is not None else (p.loss_curve[-1][1] if p.loss_curve else None)
     summary = _summary(p, run, env, timing)
-    _check_derived(field, p, summary, max_num_devices)
+    _check_derived(field, p, summary, max_num_devices, from_log)
     # No StepRecords: db.imports.step_chunks writes the curves as the steps (500,000 objects cost seconds).
     return RunResult(
         run_key=run.run_key(),
@@ -420,7 +428,12 @@ def _from_log(body: LogsImport, i: int, log: ImportLog) -> _FromLog:
         )
     except ValidationError as exc:
         raise _bad(
-            [FieldError(field=f"{field}.{e.field}", message=e.message) for e in validation_errors(exc.errors())]
+            [
+                _log_step_time_error(field, median_ms, f"tokens_per_sec {e.message[0].lower()}{e.message[1:]}")
+                if e.field in ("tokens_per_sec", "step_ms")
+                else FieldError(field=f"{field}.{e.field}", message=e.message)
+                for e in validation_errors(exc.errors())
+            ]
         ) from exc
     rows = [(r.step, r.loss, r.step_ms, tokens_per_step, r.step in warm_steps) for r in parsed.steps]
     timing = {
@@ -490,7 +503,7 @@ def _import_points(
     cluster = _cluster(body, clusters, max_n)
     runs = _match_points(points, cluster, _spec(body, points, engines=[DEFAULT_ENGINE]), field)
     results = [
-        _result(f"{field}[{i}]", p, r, cluster, max_n, timing)
+        _result(f"{field}[{i}]", p, r, cluster, max_n, timing, from_log=timings is not None)
         for i, (p, r, timing) in enumerate(zip(points, runs, timings or [{}] * len(points)))
     ]
     return _write(session, _spec(body, points), runs, results, steps or [_point_steps(p) for p in points], response)

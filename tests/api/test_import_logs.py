@@ -128,3 +128,11 @@ def test_jsonl_log_keeps_its_steps_and_held_out_losses(client) -> None:
     assert curve["steps"] == list(range(0, 60, 2)) and curve["eval_steps"] == [19, 39, 59]
     summary = client.get(f"/runs/{run['id']}").json()["summary"]
     assert summary["step_ms_median"] == 101.0 and summary["num_timed_steps"] == 30
+
+
+def test_a_log_step_time_out_of_range_is_named_as_the_log_text(client) -> None:
+    for step_ms in ("1e-320", 1e308):
+        text = "\n".join(json.dumps({"step": s, "step_ms": step_ms, "loss": 5.0}) for s in range(4))
+        err = _fields(_post(client, HEAD | {"logs": [_log("jsonl", text, "bf16", 0, warmup_steps=0)]}))
+        assert list(err) == ["logs[0].text"], err
+        assert err["logs[0].text"]["message"].startswith("the log's median step time "), err
