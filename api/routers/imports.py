@@ -84,9 +84,18 @@ def _bad(errors: list[FieldError], detail: str = "invalid import") -> ProblemErr
 
 
 def _cluster(body: ImportHead, clusters: dict[str, Cluster], max_num_devices: int) -> Cluster:
-    """The configured cluster, or one described by the body (sized to the largest N imported)."""
+    """The configured cluster, or one described by the body (sized to the largest N imported). A vendor that
+    contradicts the configured cluster's is a 422, not dropped (a device name may be more exact than the
+    cluster's, e.g. the one the runs' environment recorded, so it is not compared)."""
     if body.cluster in clusters:
-        return clusters[body.cluster]
+        cluster = clusters[body.cluster]
+        if body.vendor is not None and body.vendor != cluster.vendor:
+            message = (
+                f"{body.vendor!r}, but the configured cluster {cluster.name!r} is {cluster.vendor!r} (leave vendor "
+                "out, or name a cluster that is not configured to describe a new one)"
+            )
+            raise _bad([FieldError(field="vendor", message=message, allowed=[cluster.vendor])])
+        return cluster
     missing = [f for f in ("vendor", "device_name") if getattr(body, f) is None]
     if missing:
         raise _bad(

@@ -149,6 +149,22 @@ def test_validation_names_the_fields(client) -> None:
     assert "points[0].layout" in layout_form
 
 
+def test_an_imported_run_has_no_log_and_says_why(client) -> None:
+    ok = {"num_devices": 1, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
+    r = client.post("/experiments/import", json=BASE | {"points": [ok]})
+    assert r.status_code == 201, r.text
+    log = client.get(f"/runs/{r.json()['runs'][0]['id']}/log")
+    assert log.status_code == 404 and log.json()["detail"].endswith("(status succeeded; imported runs keep none)")
+
+
+def test_a_vendor_that_contradicts_the_configured_cluster_is_a_422(client) -> None:
+    ok = {"num_devices": 1, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
+    body = BASE | {"cluster": "local-cpu", "vendor": "nvidia", "device_name": "NVIDIA H100", "points": [ok]}
+    r = client.post("/experiments/import", json=body)
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "vendor", r.text
+    assert r.json()["errors"][0]["allowed"] == ["cpu"]
+
+
 def test_writes_need_the_token(anon_client) -> None:
     ok = {"num_devices": 1, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
     r = anon_client.post("/experiments/import", json=BASE | {"points": [ok]})
