@@ -111,7 +111,7 @@ def _has_content(request: Request) -> bool:
 
 
 def _too_large(limit_bytes: int, what: str) -> ProblemError:
-    message = f"the request body is {what}; the limit is {limit_bytes} bytes"
+    message = f"the request body {what}; the limit is {limit_bytes} bytes"
     return ProblemError(413, message, [FieldError(field="body", message=message)])
 
 
@@ -119,12 +119,12 @@ async def _read_body(request: Request, limit_bytes: int) -> None:
     """The body, counted as it streams; 413 as soon as it passes the limit (the rest is never read)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit_bytes:
-        raise _too_large(limit_bytes, f"{int(declared)} bytes (Content-Length)")
+        raise _too_large(limit_bytes, f"is {int(declared)} bytes (Content-Length)")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit_bytes:
-            raise _too_large(limit_bytes, f"over {limit_bytes} bytes")
+            raise _too_large(limit_bytes, "(chunked) went past the limit and was cut off there")
         chunks.append(chunk)
     request._body = b"".join(chunks)  # Starlette's cache of request.body(): FastAPI parses it, not the stream
 

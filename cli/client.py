@@ -115,13 +115,14 @@ class ApiClient:
     def text(self, path: str, **params: Any) -> str:
         return self.request("GET", path, params=params).text
 
-    def text_or_none(self, path: str, **params: Any) -> str | None:
-        """GET text that answers None on 404 (e.g. a log not stored yet); any other error raises CliError."""
+    def text_or_missing(self, path: str, **params: Any) -> tuple[str | None, str | None]:
+        """GET text: (text, None), or (None, the 404's problem on one line) for a missing resource (e.g. a log not
+        stored); any other error raises CliError."""
         response = self._send("GET", path, params=params)
         if response.status_code == 404:
-            return None
+            return None, problem_line(response)
         self._raise_for_status(response)
-        return response.text
+        return response.text, None
 
     def get_or_problem(self, path: str, **params: Any) -> tuple[Any, str | None]:
         """GET that answers (body, None), or (None, the problem on one line) when the server answers an error

@@ -291,7 +291,7 @@ def register(app: typer.Typer) -> None:
         """The tail of a run's log (the runner's merged stdout/stderr); a run that failed before it had one: its
         error kind and message."""
         with ApiClient(server, token) as client:
-            text = client.text_or_none(f"/runs/{run_id}/log", tail_bytes=tail_bytes)
+            text, missing = client.text_or_missing(f"/runs/{run_id}/log", tail_bytes=tail_bytes)
             if text is not None:
                 typer.echo(text, nl=False)
                 return
@@ -300,4 +300,4 @@ def register(app: typer.Typer) -> None:
             raise CliError(
                 f"run {run_id} failed without a log: {run.get('error_kind')}: {run.get('error_message') or '-'}"
             )
-        raise CliError(f"run {run_id} has no log yet (status {run['status']})")
+        raise CliError(missing or f"run {run_id} has no log (status {run['status']})")

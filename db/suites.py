@@ -302,6 +302,10 @@ def unfinished_runs(session: Session, suite_id: int) -> Unfinished:
     )
 
 
+def _runs(n: int) -> str:
+    return f"{n} run of earlier firings is" if n == 1 else f"{n} runs of earlier firings are"
+
+
 def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
 
@@ -340,7 +344,7 @@ def firing_skip_reason(suite: Suite, unfinished: Unfinished, trigger: str) -> st
         )
     if unfinished.num_queued >= suite.max_queued_runs:
         return (
-            f"max_queued_runs: {unfinished.num_queued} runs of earlier firings are still queued "
+            f"max_queued_runs: {_runs(unfinished.num_queued)} still queued "
             f"(the cap is {suite.max_queued_runs}) in experiments {_ids(unfinished.experiment_ids)}"
         )
     return None

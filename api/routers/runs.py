@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from sqlalchemy.orm import Session
 
 import db.experiments
 import db.runs
@@ -28,7 +29,7 @@ from api.schemas.experiments import (
     summary_dict,
 )
 from core.contracts.specs import storable
-from db.models import Run
+from db.models import TERMINAL_STATUSES, Experiment, Run
 
 router = APIRouter(tags=["runs"])
 
@@ -109,6 +110,15 @@ def get_run(
     return detail if auth.authenticated() else redact_run(detail)
 
 
+def _no_log_why(session: Session, run: Run) -> str:
+    """Why a run has no stored log: not started yet, or (ended) never shipped one (imported runs never do)."""
+    if run.status not in TERMINAL_STATUSES:
+        return f"yet (status {run.status})"
+    experiment = session.get(Experiment, run.experiment_id)
+    imported = experiment is not None and experiment.source == "import"
+    return f"(status {run.status}; {'imported runs keep none' if imported else 'it ended without shipping one'})"
+
+
 @router.get(
     "/runs/{run_id}/steps",
     response_model=list[dict[str, Any]],
@@ -137,7 +147,7 @@ def get_log(
     run = _run_or_404(session, run_id)
     stored = db.runs.get_log(session, run_id)
     if stored is None:
-        raise ProblemError(404, f"run {run_id} has no log yet (status {run.status})")
+        raise ProblemError(404, f"run {run_id} has no log {_no_log_why(session, run)}")
     tail = stored.text.encode("utf-8")[-tail_bytes:].decode("utf-8", "ignore")
     headers = {"X-Log-Bytes": str(stored.log_bytes), "X-Log-Final": "true" if stored.final else "false"}
     headers["Vary"] = "Authorization"  # token holders see run directories and hosts (redact_log)

@@ -389,6 +389,10 @@ def test_body_limit_is_413_before_the_body_is_read_or_parsed(test_settings, api_
             _asgi_post(app, "/experiments", _stream(), auth + [(b"transfer-encoding", b"chunked")])
         )
         assert status == 413 and read <= test_settings.max_body_bytes + (1 << 20)
+        assert (
+            problem["detail"]
+            == "the request body (chunked) went past the limit and was cut off there; the limit is 4194304 bytes"
+        )
         # Import has the larger limit: 5 MiB is parsed (and refused as bad JSON, not as too large).
         status, read, problem = asyncio.run(
             _asgi_post(

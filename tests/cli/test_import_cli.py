@@ -56,6 +56,9 @@ def test_import_megatron_logs_prints_the_report_with_a_verdict(server, api_token
     ]
     stacks = httpx.get(f"{server}/experiments/{exp_id}").json()["spec"]["stacks"]
     assert stacks == {"command:megatron": "distributed_optimizer=true,grad_reduce_bytes=2"}
+    run_id = httpx.get(f"{server}/experiments/{exp_id}/runs").json()["items"][0]["id"]
+    logs = CliRunner().invoke(cli, ["logs", str(run_id), "--server", server])
+    assert logs.exit_code == 1 and "(status succeeded; imported runs keep none)" in logs.output, logs.output
 
 
 def test_import_torchtitan_log_json_and_errors(server, api_token, tmp_path) -> None:
