@@ -154,9 +154,29 @@ def _duration(run: dict[str, Any]) -> str:
     return f" in {seconds:.0f} s"
 
 
-def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout_s: float | None = None) -> dict:
-    """Progress bars per run (steps from its log) until every run ended; returns the experiment."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+QUEUED_HINT_S = 30.0  # every run still queued this long after the wait began: say where they wait
+
+
+def _queued_hint(exp: dict[str, Any], runs: list[dict[str, Any]], waited_s: float) -> str:
+    return (
+        f"no run has started in {waited_s:.0f} s: all {len(runs)} are queued for cluster {exp['cluster']!r}. "
+        "A worker consuming its queue is busy with other runs, or none is running (`scalebench up` starts one "
+        "for every configured cluster; GET /readyz checks the broker, not the workers)"
+    )
+
+
+def wait_for(
+    client: ApiClient,
+    experiment_id: int,
+    poll_s: float = 1.0,
+    timeout_s: float | None = None,
+    queued_hint_s: float = QUEUED_HINT_S,
+) -> dict:
+    """Progress bars per run (steps from its log) until every run ended; returns the experiment. Says once why
+    nothing moves when every run is still queued after queued_hint_s."""
+    start = time.monotonic()
+    deadline = None if timeout_s is None else start + timeout_s
+    hinted = False
     with Progress(
         TextColumn("{task.description}", markup=False),
         BarColumn(),
@@ -182,6 +202,11 @@ def wait_for(client: ApiClient, experiment_id: int, poll_s: float = 1.0, timeout
                     progress.update(task_id, state=status)
             if runs and all(r["status"] in TERMINAL for r in runs):
                 return client.get(f"/experiments/{experiment_id}")
+            waited = time.monotonic() - start
+            if not hinted and waited >= queued_hint_s and runs and all(r["status"] == "queued" for r in runs):
+                exp = client.get(f"/experiments/{experiment_id}")
+                progress.console.print(_queued_hint(exp, runs, waited), style="yellow", highlight=False)
+                hinted = True
             if deadline is not None and time.monotonic() > deadline:
                 raise CliError(f"experiment {experiment_id} did not finish within {timeout_s:.0f} s")
             time.sleep(poll_s)

@@ -99,3 +99,21 @@ def test_plot_into_a_directory_writes_a_named_png_there(server, api_token, tmp_p
     assert refused.exit_code == 1 and "Traceback" not in refused.output
     message = " ".join(refused.stderr.split())  # the error console wraps long lines
     assert message.startswith(f"error: -o/--output '{bad}': cannot write the PNG there: [Errno"), message
+
+
+def test_wait_says_where_runs_wait_when_none_starts(server, api_token) -> None:
+    from cli.client import ApiClient, CliError
+    from cli.runs import console, wait_for
+
+    spec = {"name": "stuck", "model": "debug", "gpu_counts": [1], "precisions": ["bf16"]}
+    r = httpx.post(f"{server}/experiments", json=spec, headers={"Authorization": f"Bearer {api_token}"})
+    assert r.status_code == 201, r.text  # no worker consumes the test server's queue
+    with (
+        ApiClient(server, api_token) as client,
+        console.capture() as captured,
+        pytest.raises(CliError, match="did not finish within 2 s"),
+    ):
+        wait_for(client, r.json()["id"], poll_s=0.2, timeout_s=2.0, queued_hint_s=0.5)
+    said = " ".join(captured.get().split())
+    assert said.count("no run has started in") == 1, said  # once, not every poll
+    assert "all 1 are queued for cluster 'local-cpu'. A worker consuming its queue is busy" in said, said
