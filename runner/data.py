@@ -71,7 +71,8 @@ class SyntheticTokens:
 
 
 class DataOpenError(InvalidConfig):
-    """A data file that is not allowed, not a regular file once open, or that did not open in time."""
+    """A data file that is not allowed, not a regular file once open, that did not open in time, or whose contents
+    are not tokens the model can read (empty, a partial token, an id beyond vocab_size, too few tokens)."""
 
 
 def resolve_data(data_path: str, roots: list[str]) -> Path:
@@ -124,32 +125,83 @@ def open_data(path: Path, timeout_s: float = DATA_OPEN_TIMEOUT_S) -> BinaryIO:
 class MemmapTokens:
     """Windows at seeded random offsets of a flat token file. Its dtype is the recipe's beside it (runner.corpus:
     <stem>.json), else uint16 when the model's vocab < 65536 and uint32 otherwise. `path` is a resolved data file
-    (resolve_data); it is opened with open_data (regular file, short timeout) and mapped from that descriptor."""
+    (resolve_data); it is opened with open_data (regular file, short timeout) and mapped from that descriptor.
+    Its contents are checked once, here (check_tokens): DataOpenError (invalid_config) naming `field` and `name`
+    (the spec's path; default the file's name)."""
 
-    def __init__(self, path: str | Path, vocab_size: int, seed: int, field: str = "data_path"):
+    def __init__(self, path: str | Path, vocab_size: int, seed: int, field: str = "data_path", name: str | None = None):
         path = Path(path)
+        shown = name if name is not None else path.name
+        self.label = f"{field} {shown!r}"
         data_file = open_data(path)
-        recipe = load_recipe(path)
-        if recipe is not None:
-            tokenizer_vocab = int(recipe.get("tokenizer", {}).get("vocab_size", 0))
-            if tokenizer_vocab > vocab_size:
-                raise ValueError(
-                    f"{field} {path!r}: its tokenizer's vocab ({tokenizer_vocab}) exceeds the model's "
-                    f"vocab_size ({vocab_size}); build it with --vocab-size {vocab_size} or less"
-                )
-            dtype = np.dtype(recipe.get("dtype", "uint16"))
-        else:
-            dtype = np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
         with data_file:
+            recipe = load_recipe(path)
+            if recipe is not None:
+                tokenizer_vocab = int(recipe.get("tokenizer", {}).get("vocab_size", 0))
+                if tokenizer_vocab > vocab_size:
+                    raise DataOpenError(
+                        f"{self.label}: its tokenizer's vocab ({tokenizer_vocab}) exceeds the model's "
+                        f"vocab_size ({vocab_size}); build it with --vocab-size {vocab_size} or less"
+                    )
+                dtype = recipe_dtype(self.label, recipe)
+            else:
+                dtype = np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
+            size = os.fstat(data_file.fileno()).st_size
+            check_size(self.label, size, dtype)
             self.tokens = np.memmap(data_file, dtype=dtype.newbyteorder("<"), mode="r")
+        self.vocab_size = vocab_size
+        if len(self.tokens) <= FULL_SCAN_TOKENS:
+            check_tokens(self.label, self.tokens, vocab_size)
         self.seed = seed
 
     def sequence(self, step: int, index: int, length: int) -> torch.Tensor:
         if len(self.tokens) <= length:
-            raise ValueError(f"data_path holds {len(self.tokens)} tokens, fewer than seq_len + 1 ({length})")
+            raise DataOpenError(f"{self.label} holds {len(self.tokens)} tokens, fewer than seq_len + 1 ({length})")
         rng = np.random.default_rng(_seed_of(self.seed, step, index))
         start = int(rng.integers(0, len(self.tokens) - length))
-        return torch.from_numpy(self.tokens[start : start + length].astype(np.int64))
+        window = self.tokens[start : start + length]
+        check_tokens(self.label, window, self.vocab_size, offset=start)  # a file too large to scan at open
+        return torch.from_numpy(window.astype(np.int64))
+
+
+TOKEN_DTYPES = ("uint16", "uint32")
+# Files up to this many tokens are scanned whole at open (tens of ms from the page cache); a larger one is checked
+# window by window as it is read, so a multi-GB corpus is not read through by every rank before the first step.
+FULL_SCAN_TOKENS = 1 << 26
+
+
+def recipe_dtype(label: str, recipe: dict) -> np.dtype:
+    name = recipe.get("dtype", "uint16")
+    if name not in TOKEN_DTYPES:
+        raise DataOpenError(f"{label}: its recipe's dtype {name!r} is not one of {', '.join(TOKEN_DTYPES)}")
+    return np.dtype(name)
+
+
+def check_size(label: str, size: int, dtype: np.dtype) -> None:
+    """A token file holds whole tokens of its dtype, at least one (np.memmap refuses an empty file)."""
+    if size == 0:
+        raise DataOpenError(f"{label} is empty (0 bytes); a token file holds at least seq_len + 1 tokens")
+    if size % dtype.itemsize:
+        raise DataOpenError(
+            f"{label} is {size} bytes, not a multiple of {dtype.itemsize} (the size of one {dtype.name} token): "
+            "the file is truncated or not a token file of that dtype (runner.corpus writes <stem>.json beside it)"
+        )
+
+
+def check_tokens(label: str, tokens: np.ndarray, vocab_size: int, offset: int | None = None) -> None:
+    """Every token id is below vocab_size (an id beyond it fails the embedding lookup with a bare IndexError), for
+    the whole file or one window of it (`offset`: where the window starts); skipped when the dtype cannot hold an
+    id that large."""
+    if len(tokens) == 0 or np.iinfo(tokens.dtype).max < vocab_size:
+        return
+    largest = int(tokens.max())
+    if largest >= vocab_size:
+        where = f" (in the window at token {offset})" if offset is not None else ""
+        raise DataOpenError(
+            f"{label} holds token id {largest}{where}, beyond the model's vocab_size ({vocab_size}: ids 0 to "
+            f"{vocab_size - 1}); tokenize it with --vocab-size {vocab_size} or less, or use a model whose vocab "
+            "covers it"
+        )
 
 
 class Batches:
@@ -175,9 +227,10 @@ HELD_OUT_SEED = 0  # held-out windows of a .val file: the same for every run and
 def make_eval_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> Batches:
     """Held-out batches: .get(b) for b in range(spec.eval_batches) is the b-th batch of every evaluation."""
     if spec.data_path:
-        held_out = resolve_data(data_paths.beside(spec.data_path, ".val"), spec.data_roots)
+        held_out_name = data_paths.beside(spec.data_path, ".val")
+        held_out = resolve_data(held_out_name, spec.data_roots)
         source: MemmapTokens | HeldOutSynthetic = MemmapTokens(
-            held_out, vocab_size, HELD_OUT_SEED, field="held-out split of data_path"
+            held_out, vocab_size, HELD_OUT_SEED, field="held-out split of data_path", name=held_out_name
         )
     else:
         source = HeldOutSynthetic(SyntheticTokens(vocab_size, spec.seed))
@@ -197,7 +250,7 @@ class HeldOutSynthetic:
 def make_batches(spec, vocab_size: int, dp_rank: int, device: torch.device) -> Batches:
     if spec.data_path:
         source: MemmapTokens | SyntheticTokens = MemmapTokens(
-            resolve_data(spec.data_path, spec.data_roots), vocab_size, spec.seed
+            resolve_data(spec.data_path, spec.data_roots), vocab_size, spec.seed, name=spec.data_path
         )
     else:
         source = SyntheticTokens(vocab_size, spec.seed)
