@@ -31,6 +31,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 
+from core.contracts import data_paths
 from core.contracts.base import Strict
 from core.engines.command import CommandEngineConfig, check_command_names
 from core.projection.network import Network
@@ -116,6 +117,11 @@ class Cluster(Strict):
                 raise ValueError(f"data_roots: {root!r} must be an absolute directory path without control characters")
             if root.rstrip("/") == "":
                 raise ValueError("data_roots: '/' would allow every file on the node; name the data directories")
+            # Refused here, not relaxed in data_paths.resolve: the file's whole real path, root included, fills
+            # command-engine templates ({data_path}), where a space or ':' would split or change an argument.
+            problem = data_paths.root_problem(os.path.normpath(root))
+            if problem:
+                raise ValueError(f"data_roots: {problem}")
             out.append(os.path.normpath(root))
         return out
 

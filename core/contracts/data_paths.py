@@ -70,6 +70,18 @@ def relative_to_roots(data_path: str, roots: list[str]) -> str:
     return "/".join(parts)
 
 
+def root_problem(root: str) -> str | None:
+    """Why a data root (absolute, normalized) cannot serve files, or None. resolve() requires the whole real path
+    of a file, root included, to match _PATH_RE, because that path is what a command engine's {data_path} gets."""
+    if not _PATH_RE.match(root):
+        return (
+            f"{root!r} holds a character outside {PATH_CHARS} (a space, ':', a quote, a non-ASCII letter, ...): "
+            "a data file's real path, root included, is substituted into command-engine templates ({data_path}), "
+            "so every file under this root would be refused; use a directory whose path has only those characters"
+        )
+    return None
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
