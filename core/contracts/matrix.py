@@ -33,10 +33,11 @@ class SkippedPoint:
     engine: str = "scalebench"
 
 
-def check_data_path(data_path: str | None, cluster: Cluster) -> str | None:
-    """The spec's data_path relative to the cluster's data roots (None: synthetic). The file itself is checked
-    when this machine sees a root (the API next to local workers); the runner checks again before reading.
-    core.contracts.data_paths.DataPathError (one message for every path that is not allowed) otherwise."""
+def check_data_path(data_path: str | None, cluster: Cluster, eval_every_steps: int = 0) -> str | None:
+    """The spec's data_path relative to the cluster's data roots (None: synthetic). The file itself, and its
+    held-out split (<stem>.val) when eval_every_steps > 0, are checked when this machine sees a root (the API next
+    to local workers); the runner checks again before reading. core.contracts.data_paths.DataPathError (one message
+    for every path that is not allowed; the API answers 422 naming data_path) otherwise."""
     if data_path is None:
         return None
     roots = cluster.data_roots
@@ -45,6 +46,17 @@ def check_data_path(data_path: str | None, cluster: Cluster) -> str | None:
     rel = data_paths.relative_to_roots(data_path, roots)
     if data_paths.roots_visible(roots):
         data_paths.resolve(rel, roots)
+        if eval_every_steps > 0:
+            held_out = data_paths.beside(rel, ".val")
+            try:
+                data_paths.resolve(held_out, roots)
+            except data_paths.DataPathError as exc:
+                raise data_paths.DataPathError(
+                    f"data_path {rel!r}: eval_every_steps {eval_every_steps} scores its held-out split "
+                    f"{held_out!r}, which is missing (no regular file of that name inside the cluster's data roots: "
+                    f"{', '.join(roots)}); build it beside the data file (python -m runner.corpus writes both), "
+                    "or set eval_every_steps 0 (no held-out evaluation)"
+                ) from exc
     return rel
 
 
@@ -149,7 +161,9 @@ def expand(spec: ExperimentSpec, cluster: Cluster) -> tuple[list[RunSpec], list[
     reasons."""
     if spec.cluster != cluster.name:
         raise ValueError(f"cluster: spec names {spec.cluster!r} but expansion got {cluster.name!r}")
-    data_path = check_data_path(spec.data_path, cluster)
+    # only our runner reads the held-out split (torchtitan refuses eval_every_steps per point)
+    held_out_evals = spec.eval_every_steps if "scalebench" in spec.engines else 0
+    data_path = check_data_path(spec.data_path, cluster, held_out_evals)
     runs: list[RunSpec] = []
     skipped: list[SkippedPoint] = []
     for engine in spec.engines:
