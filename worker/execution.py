@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -513,10 +515,49 @@ def _finish(
         if republish is not None:
             republish(run_id)
         return "queued"
-    message = outcome.message or outcome.error_kind
+    message = failure_message(outcome)
     if not _record_failure(rt, run_id, lease, spec_json, outcome.error_kind, message, outcome.log_tail):
         return "superseded"
     return "failed"
+
+
+# torchrun's ChildFailedError summary: one entry per failed rank ("rank : 1 (local_rank: 1)" then "exitcode : -9
+# (pid: 123)  (SIGKILL)"), the first failure again under "Root Cause"; and the agent's line per failed local rank.
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_AGENT_RE = re.compile(r"failed \(exitcode: (-\d+)\) local_rank: (\d+)")
+
+
+def killed_ranks(tail: str) -> str | None:
+    """The ranks that a signal ended, from torchrun's summary in the log tail ("rank 1 killed by SIGKILL (signal
+    9; ...)"), or None. The root cause only when the summary names one: the peers torchrun then stops with SIGTERM
+    are not news."""
+    _, sep, root = tail.rpartition(_ROOT_CAUSE)
+    entries = _SUMMARY_RE.findall(root if sep else tail)
+    if entries:
+        killed = [(f"rank {rank}", -int(code)) for rank, code in entries if int(code) < 0]
+    else:  # the summary cut off: the agent's own line names the local rank
+        killed = [(f"local rank {local}", -int(code)) for code, local in _AGENT_RE.findall(tail)]
+    if not killed:
+        return None
+    return "; ".join(_killed_by(who, signum) for who, signum in dict(killed).items())
+
+
+def _killed_by(who: str, signum: int) -> str:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    hint = "; a host out-of-memory kill looks like this" if signum == signal.SIGKILL else ""
+    return f"{who} killed by {name} (signal {signum}{hint})"
+
+
+def failure_message(outcome: LaunchOutcome) -> str:
+    """The recorded message of a run that left no result: the launcher's, and which rank a signal killed (the
+    log tail shows it only as torchrun's "exitcode: -9"; the launcher sees torchrun's own exit code 1)."""
+    message = outcome.message or outcome.error_kind or "error"
+    note = killed_ranks(outcome.log_tail) if outcome.result is None else None
+    return f"{message}: {note}" if note else message
 
 
 def _record_failure(
