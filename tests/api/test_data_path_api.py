@@ -52,6 +52,14 @@ def test_a_file_inside_the_roots_is_accepted_relative_or_absolute(client, root, 
         assert run["spec"]["data_path"] == "sub/corpus.bin" and run["spec"]["data_roots"] == [str(root)]
 
 
+def test_evaluation_without_the_held_out_split_is_a_422_naming_data_path(client, root) -> None:
+    body = BODY | {"cluster": "data", "data_path": "sub/corpus.bin", "eval_every_steps": 2}
+    fields, message = _problem(client.post("/experiments", json=body))
+    assert fields == ["data_path"] and "held-out split 'sub/corpus.val', which is missing" in message, message
+    (root / "sub" / "corpus.val").write_bytes(b"\0" * 4096)
+    assert client.post("/experiments", json=body).status_code == 201
+
+
 @pytest.mark.parametrize(
     "path",
     ["/etc/shadow", "/etc/passwd", "../tokens/sub/corpus.bin", "sub/missing.bin", "dir", "fifo.bin", "passwd.bin"],
