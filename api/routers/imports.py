@@ -213,6 +213,18 @@ def _environment(field: str, p: ImportPoint | ImportLog, cluster: Cluster) -> En
                 for k in unknown
             ]
         )
+    world = p.environment.get("world_size")
+    if world is not None and world != p.num_devices:
+        raise _bad(
+            [
+                FieldError(
+                    field=f"{field}.environment.world_size",
+                    message=f"{world!r}, but the point is measured on num_devices {p.num_devices}: the ranks of "
+                    "one run are its devices (leave world_size out: it defaults to num_devices)",
+                    allowed=[p.num_devices],
+                )
+            ]
+        )
     defaults = {
         "vendor": cluster.vendor,
         "device_name": cluster.device_name,

@@ -165,6 +165,15 @@ def test_a_vendor_that_contradicts_the_configured_cluster_is_a_422(client) -> No
     assert r.json()["errors"][0]["allowed"] == ["cpu"]
 
 
+def test_an_environment_world_size_other_than_num_devices_is_a_422(client) -> None:
+    point = {"num_devices": 2, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
+    r = client.post("/experiments/import", json=BASE | {"points": [point | {"environment": {"world_size": 4}}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == "points[0].environment.world_size"
+    r = client.post("/experiments/import", json=BASE | {"points": [point | {"environment": {"world_size": 2}}]})
+    assert r.status_code == 201, r.text
+
+
 def test_writes_need_the_token(anon_client) -> None:
     ok = {"num_devices": 1, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
     r = anon_client.post("/experiments/import", json=BASE | {"points": [ok]})
