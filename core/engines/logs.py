@@ -35,17 +35,20 @@ import re
 from dataclasses import dataclass
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+# a number ends at a space, '|', '/' (Primus: "13372.8/13372.8", instant/average) or the line's end, so that
+# "9.95\x007E+00" is no 9.95
+_END = r"(?=[\s|/]|$)"
 _MEGATRON_ITER_RE = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+")
-_MEGATRON_MS_RE = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
-_MEGATRON_LOSS_RE = re.compile(r"\blm loss:\s*([0-9.eE+-]+|nan|inf)", re.IGNORECASE)
+_MEGATRON_MS_RE = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)" + _END)
+_MEGATRON_LOSS_RE = re.compile(r"\blm loss:\s*([0-9.eE+-]+|nan|inf)" + _END, re.IGNORECASE)
 _MEGATRON_BATCH_RE = re.compile(r"\bglobal batch size:\s*(\d+)")
 # " validation loss at iteration 100 | lm loss value: ..." or "... at iteration 100 on validation set | ..."
 _MEGATRON_EVAL_RE = re.compile(r"\bvalidation loss at iteration\s+(\d+)(?: on validation set)?\s*\|")
-_MEGATRON_EVAL_LOSS_RE = re.compile(r"\blm loss value:\s*([0-9.eE+-]+|nan|inf)", re.IGNORECASE)
+_MEGATRON_EVAL_LOSS_RE = re.compile(r"\blm loss value:\s*([0-9.eE+-]+|nan|inf)" + _END, re.IGNORECASE)
 _TITAN_STEP_RE = re.compile(r"(?<!validate )\bstep:\s*(\d+)\b")
 _TITAN_EVAL_RE = re.compile(r"\bvalidate step:\s*(\d+)\b")
-_TITAN_LOSS_RE = re.compile(r"\bloss:\s*([0-9.eE+-]+|nan|inf)", re.IGNORECASE)
-_TITAN_TPS_RE = re.compile(r"\btps:\s*([0-9][0-9,]*(?:\.\d+)?)")
+_TITAN_LOSS_RE = re.compile(r"\bloss:\s*([0-9.eE+-]+|nan|inf)" + _END, re.IGNORECASE)
+_TITAN_TPS_RE = re.compile(r"\btps:\s*([0-9][0-9,]*(?:\.\d+)?)" + _END)
 
 
 @dataclass(frozen=True)

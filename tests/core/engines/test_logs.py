@@ -37,6 +37,16 @@ def test_primus_log_reads_the_instant_time_and_loss() -> None:
     assert log.evals == [(4, 6.25)] and log.global_batch_size == 128
 
 
+def test_a_number_cut_by_a_stray_byte_is_not_read_as_its_prefix() -> None:
+    line = " iteration        2/      10 | elapsed time per iteration (ms): 431.5 | lm loss: 9.95\x007E+00 |"
+    [step] = read_log("megatron", [line], tokens_per_step=8 * 4096, num_devices=8).steps
+    assert step.step_ms == 431.5 and step.loss is None  # not 9.95
+    [titan] = read_log(
+        "torchtitan", ["step:  3  loss:  5.12\x00  tps: 18,585"], tokens_per_step=8192, num_devices=1
+    ).steps
+    assert titan.loss is None and titan.step_ms == pytest.approx(8192 / 18585 * 1000)
+
+
 def test_torchtitan_log_with_colour_codes_and_validation_lines() -> None:
     lines = _lines("torchtitan-0.2.2.log")
     assert any("\x1b[31mstep:" in line for line in lines)  # as TorchTitan prints it
