@@ -6,11 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from sqlalchemy.orm import Session
 
 import db.regressions
-from api.deps import ReadAuth, RegressionId, SessionDep, SuiteIdQuery, WriteAuth
+from api.deps import ReadAuth, ReaderAuth, RegressionId, SessionDep, SuiteIdQuery, WriteAuth
 from api.guard import GuardedRoute
 from api.problems import PROBLEM_RESPONSES, FieldError, ProblemError, found
 from api.schemas.experiments import decode_cursor, encode_cursor
@@ -101,8 +101,19 @@ def list_regressions(
     responses=PROBLEM_RESPONSES,
     summary="A regression with the environment diff (last good vs first bad run) and its events",
 )
-def get_regression(regression_id: RegressionId, session: SessionDep, _auth: ReadAuth) -> Any:
-    return regression_read(_get_or_404(session, regression_id), detail=True)
+def get_regression(regression_id: RegressionId, session: SessionDep, auth: ReaderAuth, response: Response) -> Any:
+    response.headers["Vary"] = "Authorization"  # token holders see the hosts of the two runs
+    out = regression_read(_get_or_404(session, regression_id), detail=True)
+    return out if auth.authenticated() else out | {"env_diff": redact_env_diff(out["env_diff"])}
+
+
+def redact_env_diff(diff: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The env diff as an anonymous reader sees it: without the runs' host names (as redact_run hides them); that
+    the hosts changed stays."""
+    if not diff:
+        return diff
+    changes = [c | {"before": [], "after": []} if c.get("key") == "hosts" else c for c in diff.get("changes", [])]
+    return diff | {"changes": changes}
 
 
 @router.get(

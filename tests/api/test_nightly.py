@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import get_args
 
@@ -134,6 +135,11 @@ def test_regressions_list_filter_history_acknowledge_resolve(client, anon_client
     detail = anon_client.get(f"/regressions/{rid}").json()
     assert detail["is_open"] and [e["state"] for e in detail["events"]] == ["suspected", "confirmed"]
     assert detail["env_diff"]["good_run_id"] == str(detail["last_good_run_id"])
+    # an anonymous reader does not see where the runs ran; a token holder does
+    [hosts] = [c for c in detail["env_diff"]["changes"] if c["key"] == "hosts"]
+    assert (hosts["before"], hosts["after"]) == ([], []) and "node-a" not in json.dumps(detail)
+    [hosts] = [c for c in client.get(f"/regressions/{rid}").json()["env_diff"]["changes"] if c["key"] == "hosts"]
+    assert hosts["after"] == ["node-a"]
     history = anon_client.get(f"/regressions/{rid}/history").json()
     assert history["higher_is_better"] is False and len(history["nights"]) == 14
     last = history["nights"][-1]
