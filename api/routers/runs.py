@@ -86,7 +86,9 @@ def get_run(
 ) -> Any:
     response.headers["Vary"] = "Authorization"  # token holders see more (api.schemas.experiments.redact_run)
     run = _run_or_404(session, run_id)
-    data = run_read(run).model_dump()
+    summary = db.runs.get_summary(session, run_id)
+    figures = (summary.tokens_per_sec_per_device, summary.step_ms_median) if summary is not None else None
+    data = run_read(run, figures).model_dump()  # the figures as the run lists give them
     steps = [step_dict(s) for s in db.runs.get_steps(session, run_id)] if include_steps else None
     detail = data | {
         "spec": run.spec,
@@ -96,7 +98,7 @@ def get_run(
         "imported": run.imported,
         "result": run.result,
         "error": {"kind": run.error_kind, "message": run.error_message} if run.error_kind else None,
-        "summary": summary_dict(db.runs.get_summary(session, run_id)),
+        "summary": summary_dict(summary),
         "steps": steps,
         "links": {
             "self": f"/runs/{run_id}",

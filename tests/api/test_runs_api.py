@@ -18,6 +18,10 @@ def test_run_detail_with_summary_and_steps(client, pg_session_factory, tmp_path)
     run = r.json()
     assert (run["status"], run["slurm_job_id"], run["host"], run["error"]) == ("succeeded", "1234", "node-1", None)
     assert run["summary"]["tokens_per_sec"] == 1.5e5 and run["summary"]["mfu_note"] == "unknown device cpu"
+    # the run's figures as the experiment's run list gives them, not null
+    [listed] = [x for x in client.get(f"/experiments/{run['experiment_id']}/runs").json()["items"] if x["id"] == ids[0]]
+    assert run["tokens_per_sec_per_device"] == listed["tokens_per_sec_per_device"] is not None
+    assert run["step_ms_median"] == listed["step_ms_median"] == run["summary"]["step_ms_median"]
     assert run["steps"] is None and run["links"]["steps"] == f"/runs/{ids[0]}/steps"
     assert run["spec"]["precision"] == "bf16" and run["result"]["numerics"]["final_loss"] == 4.7
     inline = client.get(f"/runs/{ids[0]}", params={"include_steps": True}).json()["steps"]
