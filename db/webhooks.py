@@ -193,7 +193,8 @@ def due_deliveries(session: Session, now: datetime, limit: int = 50) -> list[tup
 
 
 def delivery_hosts(session: Session, delivery_ids: list[int]) -> dict[int, str]:
-    """The receiver (the URL's host, lower case) of each delivery: the unit of the sender's back-off."""
+    """The receiver (the URL's host, lower case, and port) of each delivery: the unit of the sender's back-off, so a
+    dead port does not hold back another receiver on the same host."""
     if not delivery_ids:
         return {}
     stmt = (
@@ -201,7 +202,17 @@ def delivery_hosts(session: Session, delivery_ids: list[int]) -> dict[int, str]:
         .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
         .where(WebhookDelivery.id.in_(delivery_ids))
     )
-    return {row.id: (urlsplit(row.url).hostname or "").lower() for row in session.execute(stmt)}
+    return {row.id: _receiver(row.url) for row in session.execute(stmt)}
+
+
+def _receiver(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a port: the attempt will fail on its own; one receiver for the host
+        port = None
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return f"{(parts.hostname or '').lower()}:{port or default}"
 
 
 def claim_delivery(

@@ -20,7 +20,7 @@ the environment, no redirects followed).
 
 A receiver cannot hold up anything else: deliveries run on their own thread of the scheduler (WebhookSender),
 never on the loop that reaps leases, publishes runs and fires suites; a pass attempts at most MAX_CONCURRENT
-deliveries at once, starts none after PASS_BUDGET_S, and a receiver (host) that timed out or refused gets no
+deliveries at once, starts none after PASS_BUDGET_S, and a receiver (host and port) that timed out or refused gets no
 attempt for a back-off that doubles from RECEIVER_BACKOFF_S to RECEIVER_BACKOFF_MAX_S (its deliveries stay
 pending, their attempt count unspent) until one attempt there succeeds.
 """
@@ -185,7 +185,7 @@ def attempt_delivery(
 
 @dataclass
 class ReceiverBackoff:
-    """Receivers (URL hosts) that timed out or refused, left alone until a time that doubles per failure."""
+    """Receivers (URL host and port) that timed out or refused, left alone until a time that doubles per failure."""
 
     base_s: float = RECEIVER_BACKOFF_S
     max_s: float = RECEIVER_BACKOFF_MAX_S

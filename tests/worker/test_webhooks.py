@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -152,7 +153,8 @@ def test_one_at_a_time_per_receiver_and_a_refusing_receiver_backs_off(pg_session
     good = receiver_factory([])
     with socket.socket() as probe:  # a port nothing listens on: connections are refused
         probe.bind(("127.0.0.1", 0))
-        dead_url = f"http://127.0.0.1:{probe.getsockname()[1]}/x".replace("127.0.0.1", "localhost")
+        dead_port = probe.getsockname()[1]
+        dead_url = f"http://127.0.0.1:{dead_port}/x"  # the same host as the healthy receiver, another port
     with pg_session_factory() as s:
         create_webhook(s, good.url, secret=SECRET, events=["regression.confirmed"], allow_private=True)
         create_webhook(s, dead_url, secret=SECRET, events=["regression.confirmed"], allow_private=True)
@@ -174,4 +176,5 @@ def test_one_at_a_time_per_receiver_and_a_refusing_receiver_backs_off(pg_session
     clock[0] += 61.0
     again = deliver_due(pg_session_factory, later, allow_private=True, backoff=backoff)
     assert [o.error for o in again] == ["ConnectError"]  # back-off over: one attempt again, doubled next time
-    assert backoff.waiting("localhost") and not backoff.waiting("127.0.0.1")
+    good_port = urlsplit(good.url).port
+    assert backoff.waiting(f"127.0.0.1:{dead_port}") and not backoff.waiting(f"127.0.0.1:{good_port}")
