@@ -230,7 +230,7 @@ def regression_payload(row: Regression, suite: Suite) -> dict[str, Any]:
         "first_bad_experiment_id": row.first_bad_experiment_id,
         "first_bad_run_id": row.first_bad_run_id,
         "last_good_run_id": row.last_good_run_id,
-        "dashboard": f"/regressions.html#{row.id}",
+        "dashboard": f"/static/regressions.html#{row.id}",  # the page, relative to the API's base URL
     }
 
 

@@ -6,7 +6,10 @@ import json
 from datetime import timedelta
 from typing import get_args
 
+import sqlalchemy as sa
+
 from api.schemas.nightly import MetricName
+from db.models import WebhookDelivery
 from db.suites import NIGHTLY_METRICS
 from tests.db.nights import T0, add_night, make_suite, noisy
 from worker.nightly import evaluate_finished
@@ -166,6 +169,10 @@ def test_regressions_list_filter_history_acknowledge_resolve(client, anon_client
 
     deliveries = client.get(f"/webhooks/{hook['id']}/deliveries").json()
     assert {d["event"] for d in deliveries} == {"regression.confirmed"} and len(deliveries) == 2
+    with pg_session_factory() as s:  # the payload's dashboard link opens the regressions page
+        link = s.scalars(sa.select(WebhookDelivery.payload)).first()["regression"]["dashboard"]
+    page, _, fragment = link.partition("#")
+    assert anon_client.get(page).status_code == 200 and fragment.isdigit(), link
     assert client.get("/webhooks/999/deliveries").status_code == 404
 
 
