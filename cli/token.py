@@ -71,7 +71,8 @@ def revoke(
     server: ServerOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Revoke a token: it gets 401 from then on (a submit token cannot revoke an admin one)."""
+    """Revoke a token: it gets 401 from then on (an admin token revokes any token, a submit token only itself; a
+    revoked token stays revoked)."""
     with ApiClient(server, token) as client:
         row = client.request("DELETE", f"/tokens/{token_id}").json()
-    console.print(f"revoked token {row['id']} ({row['name']})")
+    console.print(f"token {row['id']} ({row['name']}) is revoked, since {utc_time(row['revoked_at'])}", highlight=False)

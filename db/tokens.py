@@ -62,13 +62,16 @@ def list_tokens(session: Session) -> list[ApiToken]:
 
 
 def revoke_token(session: Session, token_id: int, by: ApiToken | None = None) -> ApiToken | None:
-    """Revoke a token; None when no token with that id still authenticates. RoleError when `by` (the token
-    asking; None: the operator on the server) has a lower role than the token it revokes."""
+    """Revoke a token; None when no token has that id; an already revoked one is returned as it is (revoking is
+    idempotent). RoleError when `by` (the token asking; None: the operator on the server) may not: an admin
+    token revokes any token, a submit token only itself (tokens are an admin's to manage)."""
     row = session.get(ApiToken, token_id)
-    if row is None or row.revoked_at is not None:
+    if row is None:
         return None
-    if by is not None and role_rank(row.role) > role_rank(by.role):
-        raise RoleError(f"a {by.role} token cannot revoke token {token_id}, which is {row.role}")
+    if by is not None and by.role != "admin" and row.id != by.id:
+        raise RoleError(f"a {by.role} token can revoke only itself, not token {token_id}; ask an admin")
+    if row.revoked_at is not None:
+        return row
     row.revoked_at = utcnow()
     session.flush()
     return row

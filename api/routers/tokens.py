@@ -80,14 +80,14 @@ def create_token(body: TokenCreate, session: SessionDep, _auth: AdminAuth, respo
     "/{token_id}",
     response_model=TokenRead,
     responses=WRITE_RESPONSES,
-    summary="Revoke a token: it gets 401 from then on",
+    summary="Revoke a token: it gets 401 from then on (admin: any token; submit: only itself; again: no change)",
 )
 def revoke_token(token_id: TokenId, session: SessionDep, auth: WriteAuth) -> ApiToken:
     try:
         revoked = db.tokens.revoke_token(session, token_id, by=auth)
     except db.tokens.RoleError as exc:
         raise ProblemError(
-            403, str(exc), [FieldError(field="token_id", message=str(exc), allowed=[f"tokens of role {auth.role}"])]
+            403, str(exc), [FieldError(field="token_id", message=str(exc), allowed=[auth.id])]
         ) from exc
     row = found(revoked, "token", token_id)
     session.commit()

@@ -303,7 +303,9 @@ def test_tokens_are_listed_created_and_revoked_over_http(client, anon_client, ap
     r = anon_client.post("/experiments/1/cancel", headers=ci)
     assert r.status_code == 401 and r.headers["content-type"].startswith("application/problem+json")
     assert [t["name"] for t in client.get("/tokens").json()] == ["tests"]
-    assert client.delete(f"/tokens/{created['id']}").status_code == 404
+    again = client.delete(f"/tokens/{created['id']}")  # idempotent: still revoked, at the same time
+    assert again.status_code == 200 and again.json()["revoked_at"] == revoked.json()["revoked_at"]
+    assert client.delete("/tokens/999999").status_code == 404
 
 
 def test_cli_token_list_and_revoke(test_settings, api_token, pg_session_factory, monkeypatch) -> None:
@@ -322,10 +324,14 @@ def test_cli_token_list_and_revoke(test_settings, api_token, pg_session_factory,
         assert "laptop" in listed.output and other.prefix in listed.output and api_token not in listed.output
         assert "never" in listed.output  # the laptop token was never used
         revoked = runner.invoke(app, ["token", "revoke", str(other.id), "--server", url])
-        assert revoked.exit_code == 0 and "revoked token" in revoked.output, revoked.output
+        assert revoked.exit_code == 0 and f"token {other.id} (laptop) is revoked, since " in revoked.output, (
+            revoked.output
+        )
         assert "laptop" not in runner.invoke(app, ["token", "list", "--server", url]).output
-        again = runner.invoke(app, ["token", "revoke", str(other.id), "--server", url])
-        assert again.exit_code == 1 and "404" in again.output
+        again = runner.invoke(app, ["token", "revoke", str(other.id), "--server", url])  # still revoked, said so
+        assert again.exit_code == 0 and revoked.output == again.output, again.output
+        unknown = runner.invoke(app, ["token", "revoke", "999999", "--server", url])
+        assert unknown.exit_code == 1 and "404" in unknown.output
 
 
 # ------------------------------------------------------------------- 3. body size, Content-Type, auth first

@@ -1,6 +1,6 @@
 """Tokens with roles: `admin` (tokens, webhooks; the operator's first token and `scalebench up`'s) and `submit`
-(experiments, suites, imports, regressions). A token cannot revoke one of a higher role; Idempotency-Keys are
-per token (token B never gets token A's experiment back). Real Postgres, through HTTP."""
+(experiments, suites, imports, regressions). A submit token revokes only itself, an admin any token;
+Idempotency-Keys are per token (token B never gets token A's experiment back). Real Postgres, through HTTP."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_an_admin_makes_tokens_of_either_role_submit_by_default(client) -> None:
     }
 
 
-def test_a_token_cannot_revoke_one_of_a_higher_role(client, api_token, submit_token, pg_session_factory) -> None:
+def test_a_submit_token_revokes_only_itself(client, api_token, submit_token, pg_session_factory) -> None:
     token, own_id = submit_token
     with session_scope(pg_session_factory) as s:
         operator_id = s.query(ApiToken).filter_by(name="tests").one().id
@@ -69,8 +69,13 @@ def test_a_token_cannot_revoke_one_of_a_higher_role(client, api_token, submit_to
     refused = client.delete(f"/tokens/{operator_id}", headers=_bearer(token))
     assert refused.status_code == 403 and refused.json()["errors"][0]["field"] == "token_id", refused.text
     assert client.get("/tokens").status_code == 200  # the operator's token still works
-    assert client.delete(f"/tokens/{peer_id}", headers=_bearer(token)).status_code == 200  # same role
+    peer_refused = client.delete(f"/tokens/{peer_id}", headers=_bearer(token))  # same role, another's
+    assert peer_refused.status_code == 403 and "only itself" in peer_refused.json()["detail"]
+    assert peer_refused.json()["errors"][0]["allowed"] == [own_id]
     assert client.delete(f"/tokens/{own_id}", headers=_bearer(token)).status_code == 200  # its own
+    again = client.delete(f"/tokens/{own_id}")  # by an admin: already revoked, unchanged
+    assert again.status_code == 200 and again.json()["revoked_at"] is not None
+    assert client.delete(f"/tokens/{peer_id}").status_code == 200  # an admin revokes any token
     assert client.post("/experiments", json=BODY, headers=_bearer(token)).status_code == 401
     assert client.delete(f"/tokens/{operator_id}").status_code == 200  # an admin may revoke an admin, itself too
 
