@@ -167,6 +167,15 @@ def _option(
     )
 
 
+def _no_option(measured: ScalingReport, projected: ProjectionReport, max_gpus: int) -> str:
+    """Why a plan has no option at all: nothing measured to project from, or every N above max_gpus."""
+    if not any(p.tokens_per_sec for s in measured.series for p in s.points):
+        return "no option: no point of the experiment was measured (no run succeeded), so nothing is projected"
+    if not projected.series:
+        return "no option: no layout of the experiment can be projected on this cluster (the notes say why)"
+    return f"no option within max_gpus={max_gpus}: the smallest measured N is larger"
+
+
 def build_plan(
     measured: ScalingReport,
     projected: ProjectionReport,
@@ -227,7 +236,7 @@ def build_plan(
         at_n = sorted((o for o in options if o.num_devices == n), key=lambda o: -o.tokens_per_sec)
         rows.append(PlanRow(num_devices=n, best=at_n[0] if at_n else None, options=at_n))
     efficient = [o for o in options if o.efficiency is not None and o.efficiency >= min_efficiency]
-    notes = [] if options or dropped else [f"no option within max_gpus={max_gpus}: the smallest measured N is larger"]
+    notes = [] if options or dropped else [_no_option(measured, projected, max_gpus)]
     if options and not efficient:
         notes.append(f"no option keeps efficiency >= {min_efficiency:g}")
     if dropped:

@@ -529,3 +529,17 @@ def test_a_stack_without_a_networked_cluster_says_where_one_is_described(make_cl
         assert (
             "no configured cluster has a network" in error["message"] and "SCALEBENCH_CLUSTERS_FILE" in error["message"]
         )
+
+
+def test_a_plan_with_nothing_measured_says_so(api, pg_session_factory) -> None:
+    import db.runs
+    from db.session import session_scope
+
+    spec = {"name": "f", "model": "8b", "num_layers": 2, "cluster": "grand-teton-h100", "gpu_counts": [8, 16]}
+    r = api.post("/experiments", json=spec | {"precisions": ["bf16"]})
+    assert r.status_code == 201, r.text
+    with session_scope(pg_session_factory) as s:
+        for run in r.json()["runs"]:
+            db.runs.mark_failed(s, run["id"], "oom", "out of memory")
+    plan = _ok(api.get(f"/experiments/{r.json()['id']}/plan?tokens=1T&max_gpus=1024"))
+    assert plan["rows"] == [] and plan["notes"][0].startswith("no option: no point of the experiment was measured")
