@@ -12,6 +12,7 @@ from core.catalog.hardware import unsupported_reason
 from core.catalog.shapes import get_shape
 from core.contracts import data_paths
 from core.contracts.clusters import Cluster
+from core.contracts.slurm_layout import layout_reason
 from core.contracts.specs import (
     FP8_PRECISIONS,
     MX_PRECISIONS,
@@ -85,6 +86,9 @@ def _point_reason(spec: ExperimentSpec, cluster: Cluster, precision: str, degree
     n = degrees.world_size
     if n > cluster.max_devices:
         return f"N={n} exceeds cluster {cluster.name!r} size ({cluster.max_devices} devices)"
+    slurm_reason = layout_reason(cluster, n)  # the rule the Slurm launcher applies: nodes x tasks must split N
+    if slurm_reason:
+        return slurm_reason
     device_reason = unsupported_reason(precision, cluster.vendor, cluster.device_name)
     if device_reason:
         return device_reason
