@@ -3,6 +3,7 @@ throughput with the ideal line, efficiency and fp8 speedup against N). Registere
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -26,14 +27,30 @@ def fetch_png(
     return response.content
 
 
+def output_path(raw: str, experiment_id: int) -> Path:
+    """-o's PNG file. A directory gets experiment-ID-curves.png inside it: one that exists, or any path that ends in
+    a separator (`-o newdir/`), which is made when missing (pathlib drops a trailing separator, so -o stays a
+    string until here)."""
+    path = Path(raw)
+    separators = tuple(s for s in (os.sep, os.altsep) if s)
+    if raw.endswith(separators) or path.is_dir():
+        return path / f"experiment-{experiment_id}-curves.png"
+    return path
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plot")
     @cli_errors
     def plot(
         experiment_id: Annotated[int, typer.Argument(help="Experiment id.")],
         output: Annotated[
-            Path, typer.Option("-o", "--output", help="PNG file (a directory: experiment-ID-curves.png in it).")
-        ] = Path("curves.png"),
+            str,
+            typer.Option(
+                "-o",
+                "--output",
+                help="PNG file; a directory (or a path ending in '/', created): experiment-ID-curves.png in it.",
+            ),
+        ] = "curves.png",
         baseline_num_devices: Annotated[
             int | None, typer.Option(help="N0 of the efficiency (default: each series' smallest measured N).")
         ] = None,
@@ -44,13 +61,12 @@ def register(app: typer.Typer) -> None:
         token: TokenOpt = None,
     ) -> None:
         """Write the scaling curves (throughput with ideal line, efficiency, fp8 speedup vs N) to a PNG."""
-        if output.is_dir():
-            output = output / f"experiment-{experiment_id}-curves.png"
+        path = output_path(output, experiment_id)
         with ApiClient(server, token, timeout_s=60) as client:
             png = fetch_png(client, experiment_id, baseline_num_devices, full_size)
         try:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_bytes(png)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(png)
         except OSError as exc:
-            raise CliError(f"-o/--output {str(output)!r}: cannot write the PNG there: {exc}") from None
-        console.print(f"wrote {output} ({len(png) / 1024:.0f} KiB)", highlight=False)
+            raise CliError(f"-o/--output {str(path)!r}: cannot write the PNG there: {exc}") from None
+        console.print(f"wrote {path} ({len(png) / 1024:.0f} KiB)", highlight=False)
