@@ -297,12 +297,17 @@ def register(app: typer.Typer) -> None:
         server: ServerOpt = None,
         token: TokenOpt = None,
     ) -> None:
-        """Cancel an experiment: queued runs now, running runs within seconds."""
+        """Cancel an experiment: queued runs now, active runs (pending, e.g. waiting in Slurm's queue, or running)
+        within seconds, by their worker."""
         with ApiClient(server, token) as client:
             out = client.post(f"/experiments/{experiment_id}/cancel")
+        # num_cancelled: queued runs cancelled now; num_cancel_requested: pending or running runs this call marked
+        # for their worker to stop
+        queued, active = out["num_cancelled"], out["num_cancel_requested"]
         console.print(
-            f"experiment {experiment_id}: {out['num_cancelled']} queued runs cancelled, "
-            f"{out['num_cancel_requested']} running runs stopping; status {out['status']}"
+            f"experiment {experiment_id}: {queued} queued run{'' if queued == 1 else 's'} cancelled, "
+            f"{active} active run{'' if active == 1 else 's'} (pending or running) stopping; status {out['status']}",
+            highlight=False,
         )
 
     @app.command("logs")

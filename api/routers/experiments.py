@@ -272,7 +272,7 @@ def get_experiment(
     "/{experiment_id}/cancel",
     response_model=CancelRead,
     responses=WRITE_RESPONSES,
-    summary="Cancel: queued runs become cancelled; running runs are marked for their worker",
+    summary="Cancel: queued runs become cancelled; pending and running runs are marked for their worker",
 )
 def cancel_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: WriteAuth) -> CancelRead:
     _get_or_404(session, experiment_id)

@@ -125,7 +125,7 @@ class RunPage(BaseModel):
 class CancelRead(BaseModel):
     experiment_id: int
     num_cancelled: int = Field(description="Queued runs cancelled now.")
-    num_cancel_requested: int = Field(description="Running runs marked for their worker to stop.")
+    num_cancel_requested: int = Field(description="Pending and running runs this call marked for their worker to stop.")
     status: ExperimentStatusName
 
 
