@@ -4,7 +4,9 @@
 //   #/compare?ids=A,B       several experiments side by side, X ratios to the first
 "use strict";
 
-const POLL_MS = Number(new URLSearchParams(location.search).get("poll_ms")) || 3000;
+const PAGE_PARAMS = new URLSearchParams(location.search);
+const POLL_MS = Number(PAGE_PARAMS.get("poll_ms")) || 3000;
+const LIST_PAGE_SIZE = Math.min(200, Number(PAGE_PARAMS.get("page_size")) || 200);  // GET /experiments allows 1..200
 const app = document.getElementById("app");
 const stats = window.SB_STATS = { requests: 0, notModified: 0, renders: 0 };
 const etags = new Map(), bodies = new Map();
@@ -14,27 +16,58 @@ function esc(s) {
   return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
 
-// GET with If-None-Match; {changed, data}. A 304 returns the body kept from the last 200.
+// An error answer of the API (application/problem+json: detail, errors[{field, message}]), with its status.
+class ApiProblem extends Error {
+  constructor(status, body, url) {
+    super((body && body.detail) || `${status} on ${url}`);
+    this.status = status; this.problem = body || {}; this.url = url;
+  }
+}
+
+// A 4xx other than 429 (an unknown id, a refused query) answers the same however often it is asked.
+function permanentProblem(err) { return err instanceof ApiProblem && err.status >= 400 && err.status < 500 && err.status !== 429; }
+
+// GET with If-None-Match; {changed, data}. A 304 returns the body kept from the last 200; an error, ApiProblem.
 async function poll(url) {
   const headers = { Accept: "application/json" };
   if (etags.has(url)) headers["If-None-Match"] = etags.get(url);
   stats.requests++;
   const r = await fetch(url, { headers, cache: "no-store" });
   if (r.status === 304) { stats.notModified++; return { changed: false, data: bodies.get(url) }; }
-  const data = await r.json();
-  if (!r.ok) throw new Error(data.detail || `${r.status} on ${url}`);
+  const data = await r.json().catch(() => null);
+  if (!r.ok || data === null) throw new ApiProblem(r.status, data, url);
   if (r.headers.get("ETag")) etags.set(url, r.headers.get("ETag"));
   bodies.set(url, data);
   return { changed: true, data };
 }
 
-function loop(tick) {
+// The problem in the page: its status, detail and field errors (where(err) gives the element to fill).
+function showProblem(el, err) {
+  const p = err.problem || {};
+  const fields = (p.errors || []).filter((e) => e.message && !String(p.detail || "").includes(e.message));
+  el.innerHTML = `<div class="empty problem" id="problem" data-status="${err.status}"><b>${err.status}${p.title ? ` ${esc(p.title)}` : ""}</b>:
+    ${esc(err.message)}${fields.map((e) => `<div>${esc(e.field)}: ${esc(e.message)}</div>`).join("")}
+    <div class="note">The page stopped asking: the answer would not change. Reload to ask again.</div></div>`;
+}
+
+// Poll tick every POLL_MS until the route changes. A permanent problem (permanentProblem) stops the polling and
+// is shown where(err) says (default: the whole page); other errors (network, 5xx, 429) are retried.
+function loop(tick, where) {
   const gen = ++generation;
   const live = document.getElementById("live");
   const run = async () => {
     if (gen !== generation) return;
     try { await tick(); live.classList.remove("stale"); live.textContent = `live · every ${POLL_MS / 1000} s`; }
-    catch (err) { live.classList.add("stale"); live.textContent = `API error: ${err.message}`; }
+    catch (err) {
+      if (gen !== generation) return;
+      live.classList.add("stale");
+      if (permanentProblem(err)) {
+        live.textContent = `stopped: ${err.status} from the API`;
+        showProblem(where ? where(err) : app, err);
+        return;
+      }
+      live.textContent = `API error: ${err.message}`;
+    }
     if (gen === generation) setTimeout(run, POLL_MS);
   };
   run();
@@ -45,22 +78,50 @@ const progress = (f) => `<span class="progress" title="${Math.round(100 * f)}% o
 
 // ------------------------------------------------------------------------------------ experiments list
 
+// Newest first, LIST_PAGE_SIZE a page; "more" follows next_cursor. Every shown page is polled, each from the
+// next_cursor the page before it answers now (a new experiment shifts the pages; none falls between them).
 function listPage() {
   app.innerHTML = `<h1>Experiments</h1><p class="muted">Newest first. Status and progress update live.</p>
     <div class="tablewrap" style="max-height:none"><table id="experiments"><thead><tr><th class="num">id</th><th>name</th>
     <th>cluster</th><th>source</th><th>status</th><th>progress</th><th class="num">runs</th><th>created (UTC)</th>
-    </tr></thead><tbody></tbody></table></div>`;
-  loop(async () => {
-    const { changed, data } = await poll("/experiments?limit=200");
-    if (!changed) return;
+    </tr></thead><tbody></tbody></table></div>
+    <div class="controls"><button id="more" hidden>more</button><span id="list-count" class="note"></span></div>
+    <div id="list-problem"></div>`;
+  let pages = 1, shown = "";
+  const load = async () => {
+    const items = [];
+    let changed = false, next = null, url = `/experiments?limit=${LIST_PAGE_SIZE}`;
+    for (let i = 0; i < pages && url; i++) {
+      const page = await poll(url);
+      changed = changed || page.changed;
+      items.push(...page.data.items);
+      next = page.data.next_cursor;
+      url = next ? `/experiments?limit=${LIST_PAGE_SIZE}&cursor=${encodeURIComponent(next)}` : null;
+    }
+    const key = `${pages}|${items.map((e) => e.id).join(",")}`;
+    if (!changed && key === shown) return;
+    shown = key;
     stats.renders++;
-    const rows = data.items.map((e) => `<tr data-id="${e.id}"><td class="num">${e.id}</td>
-      <td><a href="#/experiments/${e.id}">${esc(e.name)}</a></td><td>${esc(e.cluster)}</td><td>${esc(e.source)}</td>
+    const seen = new Set();
+    const rows = items.filter((e) => !seen.has(e.id) && seen.add(e.id)).map((e) => `<tr data-id="${e.id}"><td class="num">${e.id}</td>
+      <td class="name"><a href="#/experiments/${e.id}">${esc(e.name)}</a></td><td>${esc(e.cluster)}</td><td>${esc(e.source)}</td>
       <td>${badge(e.status)}</td><td>${progress(e.progress)} ${Math.round(100 * e.progress)}%</td>
       <td class="num">${e.num_runs}</td><td>${esc(e.created_at.slice(0, 19).replace("T", " "))}</td></tr>`);
     document.querySelector("#experiments tbody").innerHTML = rows.join("") ||
       `<tr><td colspan="8" class="muted">No experiments yet: POST /experiments or /experiments/import.</td></tr>`;
-  });
+    document.getElementById("more").hidden = !next;
+    document.getElementById("list-count").textContent = rows.length ? `${rows.length} shown${next ? ", more older ones" : ""}` : "";
+  };
+  const gen = generation + 1;  // loop() below takes this generation: a click after the route changed does nothing
+  const more = document.getElementById("more");
+  more.onclick = async () => {
+    if (gen !== generation) return;
+    pages++; more.disabled = true;
+    try { await load(); }
+    catch (err) { if (permanentProblem(err)) showProblem(document.getElementById("list-problem"), err); }
+    finally { more.disabled = false; }
+  };
+  loop(load, () => document.getElementById("list-problem"));
 }
 
 // ------------------------------------------------------------------------------------ one experiment
@@ -77,9 +138,9 @@ const CHARTS = [
 ];
 
 function experimentPage(id) {
-  app.innerHTML = `<div id="head"><h1>Experiment ${id}</h1></div>
+  app.innerHTML = `<div id="head"><h1>Experiment ${id}</h1></div><div id="page-problem"></div>
     <div class="grid">${CHARTS.map(([k, t, s]) => `<div class="card"><h3>${t}</h3><div class="sub">${s}</div>
-      ${k === "loss" ? `<div class="controls"><label>N = <select id="loss-n"></select></label></div>` : ""}
+      ${k === "loss" ? `<div class="controls"><label id="loss-n-label" hidden>N = <select id="loss-n"></select></label></div>` : ""}
       <div class="chart" id="chart-${k}" data-points="0"></div></div>`).join("")}</div>
     <h2>Fits and notes</h2><div id="fits" class="note"></div>
     <h2>Runs</h2><div class="tablewrap"><table id="runs"><thead><tr><th class="num">run</th><th>engine</th><th>precision</th><th>layout</th>
@@ -101,6 +162,10 @@ function experimentPage(id) {
     if (losses.changed) lossN = fillLossSelect(lossSelect, losses.data, lossN);
     if (losses.changed || scaling.changed) drawLosses(bodies.get(`/experiments/${id}/losses?repeats=first`) || losses.data, lossN);
     if (window.SBProjection) await SBProjection.update(id, exp.data.cluster);  // projection.js: dashed projected points (last: one more request)
+  }, (err) => {
+    // the experiment itself is refused (unknown id): nothing of the page can be shown; a part of it: say so above
+    if (err.url === `/experiments/${id}`) app.innerHTML = `<h1>Experiment ${id}</h1><div id="page-problem"></div>`;
+    return document.getElementById("page-problem");
   });
 }
 
@@ -206,6 +271,7 @@ function fillLossSelect(select, losses, current) {
   const ns = [...new Set(losses.curves.map((c) => c.num_devices))].sort((a, b) => a - b);
   const pick = ns.includes(current) ? current : ns[ns.length - 1] ?? null;
   select.innerHTML = ns.map((n) => `<option value="${n}" ${n === pick ? "selected" : ""}>${n}</option>`).join("");
+  select.closest("label").hidden = !ns.length;  // no curve: no N to choose
   return pick;
 }
 
@@ -315,7 +381,7 @@ function comparePage(params) {
     if (!changed) return;
     stats.renders++;
     renderCompare(data);
-  });
+  }, () => document.getElementById("cmp-body"));
 }
 
 function renderCompare(data) {

@@ -68,7 +68,12 @@
       const extra = body ? datasets(body, kind) : [];
       chart.data.datasets.push(...extra);
       const xs = chart.data.datasets.flatMap((d) => (d._ref ? [] : d.data.map((p) => p.x)));
-      if (xs.length) chart.options.scales.x = SB.gpuAxis([...new Set(xs)].sort((a, b) => a - b));
+      if (xs.length) {
+        const ns = [...new Set(xs)].sort((a, b) => a - b);
+        chart.options.scales.x = SB.gpuAxis(ns);
+        // reference lines (E = 100%) across the whole x range shown, projected N included
+        chart.data.datasets.filter((d) => d._ref).forEach((d) => { d.data = SB.refLine(ns, d.data[0].y, d.label).data; });
+      }
       chart.update("none");
       el.dataset.projected = String(extra.reduce((n, d) => n + d._nProjected, 0));
       el.dataset.projectedBands = String(extra.filter((d) => d._band).length / 2);
@@ -98,6 +103,9 @@
 
   // Called by the experiment page after each scaling render (redrawn charts lose the projected lines).
   let cpuClusters = null;  // names of configured CPU clusters: nothing to project onto (the API would answer 422)
+  // experiment id -> the API's reason for refusing its projection (a 4xx other than 429, e.g. a cluster with no
+  // network, as imported ones): asked once per page load, the reason shown under the fits from then on
+  const refused = new Map();
 
   async function update(id, cluster) {
     if (state.id !== id) { state.id = id; state.body = null; state.error = null; }
@@ -108,11 +116,13 @@
       } catch (err) { cpuClusters = new Set(); }
     }
     if (cpuClusters.has(cluster)) { state.body = null; state.error = "a CPU cluster: no GPU network to project onto"; draw(); return; }
+    if (refused.has(id)) { state.body = null; state.error = refused.get(id); draw(); return; }
     try {
       const { data } = await poll(`/experiments/${id}/projection`);
       state.body = data; state.error = null;
     } catch (err) {
       state.body = null; state.error = err.message;
+      if (permanentProblem(err)) refused.set(id, err.message);
     }
     draw();
   }
