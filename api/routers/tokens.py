@@ -86,9 +86,7 @@ def revoke_token(token_id: TokenId, session: SessionDep, auth: WriteAuth) -> Api
     try:
         revoked = db.tokens.revoke_token(session, token_id, by=auth)
     except db.tokens.RoleError as exc:
-        raise ProblemError(
-            403, str(exc), [FieldError(field="token_id", message=str(exc), allowed=[auth.id])]
-        ) from exc
+        raise ProblemError(403, str(exc), [FieldError(field="token_id", message=str(exc), allowed=[auth.id])]) from exc
     row = found(revoked, "token", token_id)
     session.commit()
     return row
