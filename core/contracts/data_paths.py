@@ -72,13 +72,18 @@ def relative_to_roots(data_path: str, roots: list[str]) -> str:
 
 def root_problem(root: str) -> str | None:
     """Why a data root (absolute, normalized) cannot serve files, or None. resolve() requires the whole real path
-    of a file, root included, to match _PATH_RE, because that path is what a command engine's {data_path} gets."""
-    if not _PATH_RE.match(root):
-        return (
-            f"{root!r} holds a character outside {PATH_CHARS} (a space, ':', a quote, a non-ASCII letter, ...): "
-            "a data file's real path, root included, is substituted into command-engine templates ({data_path}), "
-            "so every file under this root would be refused; use a directory whose path has only those characters"
-        )
+    of a file, root included, to match _PATH_RE, because that path is what a command engine's {data_path} gets.
+    Where this machine sees the root, its real path (symlinks resolved) is checked too: a link of a good name to
+    a bad directory would otherwise load and then refuse every file."""
+    real = os.path.realpath(root) if os.path.lexists(root) else root
+    for path, what in ((root, ""), (real, f" (the real path of {root!r}, symlinks resolved)")):
+        if not _PATH_RE.match(path):
+            return (
+                f"{path!r}{what} holds a character outside {PATH_CHARS} (a space, ':', a quote, a non-ASCII letter, "
+                "...): a data file's real path, root included, is substituted into command-engine templates "
+                "({data_path}), so every file under this root would be refused; use a directory whose path has "
+                "only those characters"
+            )
     return None
 
 

@@ -33,3 +33,21 @@ def test_the_clusters_file_refuses_a_bad_root_and_keeps_the_path_characters(tmp_
     path.write_text(table.format("/tmp/qa data/root"))
     with pytest.raises(ValueError, match=r"(?s)cluster\[0\].*data_roots: '/tmp/qa data/root' holds a character"):
         load_clusters(path)
+
+
+def test_a_root_that_links_to_a_bad_directory_is_refused_by_its_real_path(tmp_path) -> None:
+    bad = tmp_path / "qa data"
+    bad.mkdir()
+    (bad / "x.bin").write_bytes(b"\0" * 64)
+    link = tmp_path / "good-name"
+    link.symlink_to(bad)
+    with pytest.raises(ValueError, match="data_roots") as exc:
+        Cluster(**BASE, data_roots=[str(link)])
+    assert repr(str(bad)) in str(exc.value) and "symlinks resolved" in str(exc.value)
+    # a link to a good directory still loads, and serves its files by their real path
+    good = tmp_path / "real-data"
+    good.mkdir()
+    (good / "x.bin").write_bytes(b"\0" * 64)
+    link2 = tmp_path / "data-link"
+    link2.symlink_to(good)
+    assert data_paths.resolve("x.bin", Cluster(**BASE, data_roots=[str(link2)]).data_roots) == good / "x.bin"
