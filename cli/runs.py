@@ -301,9 +301,9 @@ def register(app: typer.Typer) -> None:
         within seconds, by their worker."""
         with ApiClient(server, token) as client:
             out = client.post(f"/experiments/{experiment_id}/cancel")
-        # num_cancelled: queued runs cancelled now; num_cancel_requested: pending or running runs this call marked
-        # for their worker to stop
-        queued, active = out["num_cancelled"], out["num_cancel_requested"]
+        # num_cancelled: queued runs cancelled now; num_stopping: pending or running runs marked to stop (by this
+        # call or an earlier one) that their worker has not ended yet
+        queued, active = out["num_cancelled"], out["num_stopping"]
         console.print(
             f"experiment {experiment_id}: {queued} queued run{'' if queued == 1 else 's'} cancelled, "
             f"{active} active run{'' if active == 1 else 's'} (pending or running) stopping; status {out['status']}",

@@ -261,3 +261,19 @@ def cancel_experiment(session: Session, experiment_id: int) -> tuple[int, int]:
         )
     )
     return cancelled, marked
+
+
+def count_stopping(session: Session, experiment_id: int) -> int:
+    """Pending or running runs whose cancel was asked (by any call) and that their worker has not yet ended."""
+    return int(
+        session.scalar(
+            sa.select(sa.func.count())
+            .select_from(Run)
+            .where(
+                Run.experiment_id == experiment_id,
+                Run.status.in_(("pending", "running")),
+                Run.cancel_requested.is_(True),
+            )
+        )
+        or 0
+    )

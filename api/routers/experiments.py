@@ -283,5 +283,6 @@ def cancel_experiment(experiment_id: ExperimentId, session: SessionDep, _auth: W
         experiment_id=experiment_id,
         num_cancelled=num_cancelled,
         num_cancel_requested=num_marked,
+        num_stopping=db.experiments.count_stopping(session, experiment_id),
         status=status,  # type: ignore[arg-type]  # db reads the status as str; its values are ExperimentStatusName's
     )

@@ -126,6 +126,10 @@ class CancelRead(BaseModel):
     experiment_id: int
     num_cancelled: int = Field(description="Queued runs cancelled now.")
     num_cancel_requested: int = Field(description="Pending and running runs this call marked for their worker to stop.")
+    num_stopping: int = Field(
+        description="Pending and running runs marked to stop, by this call or an earlier one, that their worker has "
+        "not ended yet (a second cancel reports them here, and 0 in num_cancel_requested)."
+    )
     status: ExperimentStatusName
 
 

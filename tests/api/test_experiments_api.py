@@ -140,9 +140,18 @@ def test_cancel_queued_and_running(client, pg_session_factory):
         db.runs.claim_run(s, ids[0], "w", "h", 30)
     r = client.post(f"/experiments/{exp['id']}/cancel")
     assert r.status_code == 200
-    assert r.json() == {"experiment_id": exp["id"], "num_cancelled": 9, "num_cancel_requested": 1, "status": "running"}
+    assert r.json() == {
+        "experiment_id": exp["id"],
+        "num_cancelled": 9,
+        "num_cancel_requested": 1,
+        "num_stopping": 1,
+        "status": "running",
+    }
     run = client.get(f"/runs/{ids[0]}").json()
     assert run["status"] == "running" and run["cancel_requested"] is True
+    # a second cancel marks nothing new, and still says that one run is stopping
+    again = client.post(f"/experiments/{exp['id']}/cancel").json()
+    assert (again["num_cancelled"], again["num_cancel_requested"], again["num_stopping"]) == (0, 0, 1)
     assert client.post("/experiments/999999/cancel").status_code == 404
 
 

@@ -1,5 +1,5 @@
 """`scalebench cancel` says what the API's cancel did: queued runs cancelled, active (pending or running) runs
-marked to stop, each count with its own singular or plural."""
+marked to stop (by this call or an earlier one), each count with its own singular or plural."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def _cancel(monkeypatch: pytest.MonkeyPatch, num_cancelled: int, num_cancel_requ
         "experiment_id": 5,
         "num_cancelled": num_cancelled,
         "num_cancel_requested": num_cancel_requested,
+        "num_stopping": num_cancel_requested,
         "status": "running",
     }
     asked: list[str] = []
@@ -38,3 +39,11 @@ def test_one_pending_run_is_an_active_run_in_the_singular(monkeypatch) -> None:
 def test_counts_above_one_are_plural(monkeypatch) -> None:
     said = _cancel(monkeypatch, 1, 3)
     assert said == "experiment 5: 1 queued run cancelled, 3 active runs (pending or running) stopping; status running"
+
+
+def test_a_second_cancel_still_counts_the_runs_that_are_stopping(monkeypatch) -> None:
+    answer = {"experiment_id": 5, "num_cancelled": 0, "num_cancel_requested": 0, "num_stopping": 2, "status": "running"}
+    monkeypatch.setattr(ApiClient, "post", lambda self, path, json=None, headers=None: answer)
+    result = CliRunner().invoke(cli, ["cancel", "5", "--server", "http://127.0.0.1:9"])
+    assert result.exit_code == 0, result.output
+    assert "2 active runs (pending or running) stopping" in " ".join(result.stdout.split())
