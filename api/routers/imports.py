@@ -323,6 +323,35 @@ def _log_step_time_error(field: str, step_ms: float | None, what: str) -> FieldE
     return FieldError(field=f"{field}.text", message=f"the log's median step time {step_ms:.6g} ms gives {what}")
 
 
+# How far a given step_ms may stray from tokens_per_step / throughput: published figures are rounded (a
+# TPS/GPU to three digits, a step time to 0.1 s), which moves the two a few tenths of a percent apart.
+STEP_MS_TOLERANCE = 0.05
+
+
+def _check_step_time(field: str, p: ImportPoint, run: RunSpec) -> None:
+    """422 naming step_ms when it contradicts the throughput: one run's tokens per step over its step time is its
+    throughput, and S(N), E(N) and the projection read both (a step time off by a factor would be charged as the
+    run's own)."""
+    if p.step_ms is None:
+        return
+    implied = run.tokens_per_step / p.global_tokens_per_sec() * 1000.0
+    if abs(p.step_ms - implied) > STEP_MS_TOLERANCE * implied:
+        source = "tokens_per_sec" if p.tokens_per_sec is not None else "tokens_per_sec_per_device"
+        raise _bad(
+            [
+                FieldError(
+                    field=f"{field}.step_ms",
+                    message=(
+                        f"step_ms {p.step_ms:.6g} contradicts {source} {getattr(p, source):.6g}: at "
+                        f"{run.tokens_per_step} tokens a step (seq_len x global batch) that throughput is a step of "
+                        f"{implied:.6g} ms; give step_ms within {STEP_MS_TOLERANCE:.0%} of it, or leave it out"
+                    ),
+                )
+            ],
+            "step time and throughput disagree",
+        )
+
+
 def _result(
     field: str,
     p: ImportPoint,
@@ -336,6 +365,8 @@ def _result(
     final = p.final_loss if p.final_loss is not None else (p.loss_curve[-1][1] if p.loss_curve else None)
     summary = _summary(p, run, env, timing)
     _check_derived(field, p, summary, max_num_devices, from_log)
+    if not from_log:
+        _check_step_time(field, p, run)
     # No StepRecords: db.imports.step_chunks writes the curves as the steps (500,000 objects cost seconds).
     return RunResult(
         run_key=run.run_key(),

@@ -121,7 +121,12 @@ class ImportPoint(BaseModel):
     seed: Seed = Field(0, description=SEED_DESCRIPTION)
     tokens_per_sec: float | None = Field(None, gt=0, description="Global tokens/s (give this or the per-device value).")
     tokens_per_sec_per_device: float | None = Field(None, gt=0, description="Tokens/s per device (e.g. TPS/GPU).")
-    step_ms: float | None = Field(None, gt=0, description="Median step time; default derived from tokens per step.")
+    step_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Median step time; default derived from tokens per step and the throughput. When given, within "
+        "5% of that (a 422 otherwise).",
+    )
     peak_memory_gib: float | None = Field(None, ge=0)
     final_loss: float | None = Field(None, description="Default: the last value of loss_curve.")
     loss_curve: LossCurve = Field(

@@ -188,9 +188,10 @@ def test_unknown_device_has_no_mfu_and_loss_curves_are_thinned(client) -> None:
             "num_devices": n,
             "precision": p,
             "layout": "fsdp",
-            "tokens_per_sec": 1000.0 * n * (1.2 if p != "bf16" else 1),
+            # 256 tokens a step per device in 50 ms at bf16 (fp8: 1.2x the throughput, so a shorter step)
+            "tokens_per_sec": 5120.0 * n * (1.2 if p != "bf16" else 1),
             "loss_curve": curve,
-            "step_ms": 50.0,
+            "step_ms": 50.0 / (1.2 if p != "bf16" else 1),
         }
         for n in (1, 2)
         for p in ("bf16", "fp8-rowwise")
@@ -326,3 +327,17 @@ def test_curve_forms_and_their_errors(client) -> None:
         ("scalebench", 1),
         ("torchtitan", 0),
     ]
+
+
+def test_a_step_time_that_contradicts_the_throughput_is_refused_by_name(client) -> None:
+    # debug model, seq_len 256, one sequence a device: 256 tokens a step at N = 1, 1,000 tok/s -> 256 ms a step
+    point = {"num_devices": 1, "precision": "bf16", "layout": "fsdp", "tokens_per_sec": 1000.0}
+    r = client.post("/experiments/import", json=BASE | {"points": [point | {"step_ms": 50.0}]})
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["errors"]
+    assert err["field"] == "points[0].step_ms"
+    assert "contradicts tokens_per_sec 1000" in err["message"] and "256 ms" in err["message"]
+    # within the tolerance for rounding it is kept as given
+    kept = _import_raw(client, BASE | {"points": [point | {"step_ms": 260.0}]})
+    run = r_ok(client.get(f"/runs/{kept['runs'][0]['id']}"))
+    assert run["summary"]["step_ms_median"] == 260.0
