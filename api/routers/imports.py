@@ -279,7 +279,7 @@ def _normal(value: float) -> bool:
 def _check_derived(field: str, p: ImportPoint, summary: Summary, max_num_devices: int, from_log: bool) -> None:
     """422 naming the input when a value derived from it would not be a finite, normal number (from a log: its
     text, whose median step time gave the point's throughput)."""
-    source = "tokens_per_sec" if p.tokens_per_sec is not None else "tokens_per_sec_per_device"
+    source = p.throughput_field()
     derived = {
         name: getattr(summary, name)
         for name in (
@@ -336,7 +336,7 @@ def _check_step_time(field: str, p: ImportPoint, run: RunSpec) -> None:
         return
     implied = run.tokens_per_step / p.global_tokens_per_sec() * 1000.0
     if abs(p.step_ms - implied) > STEP_MS_TOLERANCE * implied:
-        source = "tokens_per_sec" if p.tokens_per_sec is not None else "tokens_per_sec_per_device"
+        source = p.throughput_field()
         raise _bad(
             [
                 FieldError(

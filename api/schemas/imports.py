@@ -158,6 +158,10 @@ class ImportPoint(BaseModel):
             raise ValueError("give exactly one of tokens_per_sec (global) or tokens_per_sec_per_device")
         return self
 
+    def throughput_field(self) -> str:
+        """The throughput field this point gives (an error about the throughput names it)."""
+        return "tokens_per_sec" if self.tokens_per_sec is not None else "tokens_per_sec_per_device"
+
     def global_tokens_per_sec(self) -> float:
         return self.tokens_per_sec or self.tokens_per_sec_per_device * self.num_devices  # type: ignore[operator]
 
